@@ -1,0 +1,172 @@
+//! What a provider declares about itself (contract clause C15).
+
+use std::time::Duration;
+
+use crate::LeaseError;
+
+/// The largest TTL any built-in provider accepts: 7 days. A lease is meant to be
+/// renewed; a longer TTL is almost always a forgotten unit.
+pub const DEFAULT_MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Whether fencing tokens keep growing across a restart of the store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TokenDurability {
+    /// Tokens survive restarts; the text says why.
+    Durable(String),
+    /// Tokens may go back after a restart; the text says why.
+    Volatile(String),
+    /// The provider could not find out; the text says what it would depend on.
+    Unknown(String),
+}
+
+impl TokenDurability {
+    /// True only for [`TokenDurability::Durable`].
+    pub fn is_durable(&self) -> bool {
+        matches!(self, TokenDurability::Durable(_))
+    }
+}
+
+/// Which clock decides that a lease has expired (C4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpiryClock {
+    /// The monotonic clock of this process (the in-memory provider).
+    ProcessMonotonic,
+    /// The store server's own expiry clock (Redis key expiry, the database clock).
+    StoreServer,
+    /// The lease clock of the consensus leader (etcd).
+    ConsensusLeader,
+    /// The wall clock of the ZooKeeper server that served the write (node mtime).
+    ServerWallClock,
+    /// Each node's own clock; a majority decides (Redlock).
+    QuorumOfServers,
+}
+
+/// How a provider learns that a key became free (C9).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Notifications {
+    /// The store pushes a notification (pub/sub, NOTIFY, watch); the text names it.
+    Native(&'static str),
+    /// No notifications: waiters retry when the holder's TTL runs out.
+    TimedRetryOnly,
+}
+
+/// The declared properties of a provider (C15). The conformance suite reads these
+/// instead of guessing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    /// A short backend name (`memory`, `redis`, `redlock`, `postgres`, `etcd`, `zookeeper`).
+    pub backend: &'static str,
+    /// The smallest TTL accepted.
+    pub min_ttl: Duration,
+    /// The largest TTL accepted.
+    pub max_ttl: Duration,
+    /// TTLs are rounded up to a multiple of this.
+    pub ttl_granularity: Duration,
+    /// How long after its TTL an expired lease may still refuse a new acquirer.
+    pub expiry_slack: Duration,
+    /// Whether tokens survive a store restart.
+    pub durable_tokens: TokenDurability,
+    /// How waiters are woken.
+    pub notifications: Notifications,
+    /// Which clock decides expiry.
+    pub expiry_clock: ExpiryClock,
+}
+
+impl Capabilities {
+    /// Checks `ttl` against this provider's limits and returns the TTL that will
+    /// be granted: rounded up to [`ttl_granularity`](Self::ttl_granularity).
+    ///
+    /// # Errors
+    /// [`LeaseError::InvalidTtl`] for zero, below-minimum or above-maximum TTLs.
+    pub fn grant_ttl(&self, ttl: Duration) -> Result<Duration, LeaseError> {
+        let invalid = |reason: String| Err(LeaseError::InvalidTtl { ttl, reason });
+        if ttl.is_zero() {
+            return invalid("a TTL must be greater than zero".into());
+        }
+        if ttl > self.max_ttl {
+            return invalid(format!(
+                "{} allows at most {:?}",
+                self.backend, self.max_ttl
+            ));
+        }
+        if ttl < self.min_ttl {
+            return invalid(format!(
+                "{} needs at least {:?}",
+                self.backend, self.min_ttl
+            ));
+        }
+        Ok(round_up(ttl, self.ttl_granularity).min(self.max_ttl))
+    }
+
+    /// A TTL fit for tests and demos: `wanted` raised to the minimum and rounded
+    /// to the granularity.
+    pub fn practical_ttl(&self, wanted: Duration) -> Duration {
+        round_up(wanted.max(self.min_ttl), self.ttl_granularity).min(self.max_ttl)
+    }
+}
+
+fn round_up(ttl: Duration, granularity: Duration) -> Duration {
+    let g = granularity.as_nanos();
+    if g <= 1 {
+        return ttl;
+    }
+    let n = ttl.as_nanos();
+    let rounded = n.div_ceil(g).saturating_mul(g);
+    let secs = u64::try_from(rounded / 1_000_000_000).unwrap_or(u64::MAX);
+    // The remainder is below 10^9, so it fits in u32.
+    let nanos = (rounded % 1_000_000_000) as u32;
+    Duration::new(secs, nanos)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn caps(min: u64, gran: u64) -> Capabilities {
+        Capabilities {
+            backend: "test",
+            min_ttl: Duration::from_millis(min),
+            max_ttl: DEFAULT_MAX_TTL,
+            ttl_granularity: Duration::from_millis(gran),
+            expiry_slack: Duration::ZERO,
+            durable_tokens: TokenDurability::Volatile("test".into()),
+            notifications: Notifications::TimedRetryOnly,
+            expiry_clock: ExpiryClock::ProcessMonotonic,
+        }
+    }
+
+    #[test]
+    fn ttl_is_rounded_up_to_granularity() {
+        let c = caps(2000, 1000);
+        assert_eq!(
+            c.grant_ttl(Duration::from_millis(2001)).unwrap(),
+            Duration::from_secs(3)
+        );
+        assert_eq!(
+            c.grant_ttl(Duration::from_secs(2)).unwrap(),
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            c.practical_ttl(Duration::from_millis(10)),
+            Duration::from_secs(2)
+        );
+    }
+
+    #[test]
+    fn bad_ttls_are_refused_with_reasons() {
+        let c = caps(2000, 1000);
+        for bad in [
+            Duration::ZERO,
+            Duration::from_millis(1500),
+            DEFAULT_MAX_TTL + Duration::from_secs(1),
+        ] {
+            match c.grant_ttl(bad) {
+                Err(LeaseError::InvalidTtl { ttl, reason }) => {
+                    assert_eq!(ttl, bad);
+                    assert!(!reason.is_empty());
+                }
+                other => panic!("{bad:?} gave {other:?}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! The one error type of the contract (C14).
+
+use std::time::Duration;
+
+use crate::{FencingToken, LeaseKey};
+
+/// A boxed error from a store client, kept as the `source` of a [`LeaseError`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Everything that can go wrong with a lease operation (contract clause C14).
+///
+/// "The key is held by someone else" is **not** an error: `try_acquire` reports it
+/// as [`TryAcquire::Held`](crate::TryAcquire::Held).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LeaseError {
+    /// The key is empty, longer than 512 bytes, or contains NUL (C1).
+    #[error("invalid lease key: {reason}")]
+    InvalidKey {
+        /// Why the key was refused.
+        reason: String,
+    },
+    /// The TTL is zero, below the provider's minimum, or above its maximum (C3).
+    #[error("invalid TTL {ttl:?}: {reason}")]
+    InvalidTtl {
+        /// The TTL that was asked for.
+        ttl: Duration,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// `extend` on a lease that is no longer held by this owner: it expired, or
+    /// another holder took the key (C5, C6).
+    #[error("lease on {key:?} with token {token} is lost: it expired or another holder took it")]
+    Lost {
+        /// The key of the lease.
+        key: LeaseKey,
+        /// The token of the lease that was lost.
+        token: FencingToken,
+    },
+    /// `release` of a lease that is not held by this owner (already released,
+    /// expired, or taken over) (C5, C7).
+    #[error("lease on {key:?} with token {token} is not held by this owner")]
+    NotHeld {
+        /// The key of the lease.
+        key: LeaseKey,
+        /// The token of the lease that was not held.
+        token: FencingToken,
+    },
+    /// The store could not be reached, or stopped answering (C14).
+    #[error("store unavailable: {message}")]
+    Unavailable {
+        /// What failed, in words.
+        message: String,
+        /// The client's error, when there is one.
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// An operation did not finish in time.
+    #[error("{operation} timed out after {after:?}")]
+    Timeout {
+        /// The operation that timed out.
+        operation: &'static str,
+        /// How long it was given.
+        after: Duration,
+    },
+    /// The provider was configured wrongly (bad URL, bad identifier, ...).
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The store answered with something the provider did not expect.
+    #[error("store error: {message}")]
+    Backend {
+        /// What failed, in words.
+        message: String,
+        /// The client's error, when there is one.
+        #[source]
+        source: Option<BoxError>,
+    },
+}
+
+impl LeaseError {
+    /// An [`LeaseError::Unavailable`] with a client error as its source.
+    pub fn unavailable(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        LeaseError::Unavailable {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// A [`LeaseError::Backend`] with a client error as its source.
+    pub fn backend(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        LeaseError::Backend {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// A [`LeaseError::Backend`] without a source.
+    pub fn protocol(message: impl Into<String>) -> Self {
+        LeaseError::Backend {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// True for `Lost` and `NotHeld`: this owner does not hold the lease.
+    pub fn is_not_held(&self) -> bool {
+        matches!(self, LeaseError::Lost { .. } | LeaseError::NotHeld { .. })
+    }
+
+    /// True for errors that may go away by retrying: `Unavailable`, `Timeout`
+    /// and `Backend`. A guard keeps retrying these until local validity ends.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            LeaseError::Unavailable { .. }
+                | LeaseError::Timeout { .. }
+                | LeaseError::Backend { .. }
+        )
+    }
+}
+
+/// Shorthand for results of lease operations.
+pub type Result<T, E = LeaseError> = std::result::Result<T, E>;

@@ -1,0 +1,301 @@
+//! `LeaseGuard`: keeps a lease alive while a job runs and says when it is lost (C11).
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep_until};
+use tokio_util::sync::CancellationToken;
+
+use crate::{FencingToken, Lease, LeaseError, LeaseKey, LeaseProvider, Result};
+
+/// How a [`LeaseGuard`] renews.
+#[derive(Clone, Debug, Default)]
+pub struct GuardConfig {
+    /// Renew this long after the last successful renewal was sent.
+    /// Default: a third of the granted TTL.
+    pub renew_every: Option<Duration>,
+    /// After a failed renewal (store unreachable), retry after this long.
+    /// Default: a tenth of the TTL, between 10 ms and 1 s.
+    pub retry_every: Option<Duration>,
+    /// Do not release the lease when the guard is dropped without
+    /// [`LeaseGuard::release`]; let it run out instead. Default: release.
+    pub keep_on_drop: bool,
+}
+
+/// Why a guard's lease was lost.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LostReason {
+    /// The store said this owner no longer holds the key (it expired or was
+    /// taken over).
+    Revoked,
+    /// Renewals kept failing until the lease's local validity ran out; it must be
+    /// assumed gone. The text is the last renewal error.
+    Expired(String),
+}
+
+impl std::fmt::Display for LostReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LostReason::Revoked => {
+                f.write_str("the store says another holder has it or it expired")
+            }
+            LostReason::Expired(e) => {
+                write!(
+                    f,
+                    "renewal failed until local validity ran out (last error: {e})"
+                )
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Shared {
+    lease: Mutex<Lease>,
+    reason: Mutex<Option<LostReason>>,
+    lost: CancellationToken,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A poisoned lock only means another thread panicked while holding it; the
+    // data (a lease, a reason) is still consistent.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    fn fire(&self, reason: LostReason) {
+        lock(&self.reason).get_or_insert(reason);
+        self.lost.cancel();
+    }
+}
+
+/// Holds a lease: renews it in the background and fires a lost signal the job
+/// can select on (C11).
+///
+/// Renewal runs every `TTL/3` by default. A failed renewal is retried until the
+/// lease's local validity ([`Lease::valid_until`]) ends; then, or at once when the
+/// store says the lease is gone, the lost signal fires. It is never only logged.
+/// Release explicitly with [`release`](Self::release); dropping the guard releases
+/// on a best-effort basis in the background.
+///
+/// ```
+/// # async fn demo() -> lease_api::Result<()> {
+/// use std::{sync::Arc, time::Duration};
+/// use lease_api::{LeaseGuard, LeaseKey, LeaseProvider, MemoryProvider};
+///
+/// let provider: Arc<dyn LeaseProvider> = Arc::new(MemoryProvider::new());
+/// let key = LeaseKey::new("report")?;
+/// let lease = provider.try_acquire(&key, Duration::from_secs(10)).await?
+///     .into_lease().expect("free key");
+/// let guard = LeaseGuard::new(provider, lease);
+/// tokio::select! {
+///     reason = guard.lost() => println!("stop writing: {reason}"),
+///     _ = tokio::time::sleep(Duration::from_millis(10)) => println!("work done"),
+/// }
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct LeaseGuard {
+    provider: Arc<dyn LeaseProvider>,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+    task: Option<JoinHandle<()>>,
+    keep_on_drop: bool,
+}
+
+impl LeaseGuard {
+    /// Starts guarding `lease` with the default configuration.
+    pub fn new(provider: Arc<dyn LeaseProvider>, lease: Lease) -> Self {
+        Self::with_config(provider, lease, GuardConfig::default())
+    }
+
+    /// Starts guarding `lease`. Must be called inside a tokio runtime.
+    pub fn with_config(
+        provider: Arc<dyn LeaseProvider>,
+        lease: Lease,
+        config: GuardConfig,
+    ) -> Self {
+        let ttl = lease.ttl();
+        let renew_every = config
+            .renew_every
+            .unwrap_or(ttl / 3)
+            .max(Duration::from_millis(1));
+        let retry_every = config
+            .retry_every
+            .unwrap_or((ttl / 10).clamp(Duration::from_millis(10), Duration::from_secs(1)))
+            .max(Duration::from_millis(1));
+        let shared = Arc::new(Shared {
+            lease: Mutex::new(lease),
+            reason: Mutex::new(None),
+            lost: CancellationToken::new(),
+        });
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(renew_loop(
+            Arc::clone(&provider),
+            Arc::clone(&shared),
+            stop.clone(),
+            renew_every,
+            retry_every,
+        ));
+        LeaseGuard {
+            provider,
+            shared,
+            stop,
+            task: Some(task),
+            keep_on_drop: config.keep_on_drop,
+        }
+    }
+
+    /// The lease as last renewed.
+    pub fn lease(&self) -> Lease {
+        lock(&self.shared.lease).clone()
+    }
+
+    /// The leased key.
+    pub fn key(&self) -> LeaseKey {
+        lock(&self.shared.lease).key().clone()
+    }
+
+    /// The fencing token (renewal keeps it).
+    pub fn token(&self) -> FencingToken {
+        lock(&self.shared.lease).token()
+    }
+
+    /// Resolves when the lease is lost, with the reason. Select on it next to
+    /// the job; it never resolves while the lease is held.
+    pub async fn lost(&self) -> LostReason {
+        self.shared.lost.cancelled().await;
+        self.lost_reason()
+            .unwrap_or_else(|| LostReason::Expired("unknown".into()))
+    }
+
+    /// A token cancelled when the lease is lost, to hand to the job.
+    pub fn lost_token(&self) -> CancellationToken {
+        self.shared.lost.clone()
+    }
+
+    /// True once the lost signal has fired.
+    pub fn is_lost(&self) -> bool {
+        self.shared.lost.is_cancelled()
+    }
+
+    /// Why the lease was lost, once it was.
+    pub fn lost_reason(&self) -> Option<LostReason> {
+        lock(&self.shared.reason).clone()
+    }
+
+    async fn stop_renewing(&mut self) {
+        self.stop.cancel();
+        if let Some(task) = self.task.take() {
+            // The loop ends at its next await point; a panic in it is reported
+            // as lost, never propagated.
+            if task.await.is_err() {
+                self.shared
+                    .fire(LostReason::Expired("the renewal task failed".into()));
+            }
+        }
+    }
+
+    /// Stops renewing and releases the lease in the store.
+    ///
+    /// # Errors
+    /// `NotHeld` if the lease was already lost; `Unavailable` if the store is
+    /// down (the lease then runs out by its TTL).
+    pub async fn release(mut self) -> Result<()> {
+        self.stop_renewing().await;
+        self.keep_on_drop = true;
+        let lease = self.lease();
+        self.provider.release(&lease).await
+    }
+
+    /// Stops renewing without releasing and returns the lease, which then runs
+    /// out by its TTL unless someone extends or releases it.
+    pub async fn detach(mut self) -> Lease {
+        self.stop_renewing().await;
+        self.keep_on_drop = true;
+        self.lease()
+    }
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        if self.keep_on_drop || self.is_lost() {
+            return;
+        }
+        let lease = self.lease();
+        let provider = Arc::clone(&self.provider);
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(async move {
+                    if let Err(e) = provider.release(&lease).await {
+                        tracing::debug!(key = %lease.key(), error = %e, "best-effort release on drop failed");
+                    }
+                });
+            }
+            Err(_) => tracing::warn!(
+                key = %lease.key(),
+                "lease guard dropped outside a tokio runtime; the lease runs out by its TTL"
+            ),
+        }
+    }
+}
+
+async fn renew_loop(
+    provider: Arc<dyn LeaseProvider>,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+    renew_every: Duration,
+    retry_every: Duration,
+) {
+    loop {
+        let sent_at = lock(&shared.lease).sent_at();
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = sleep_until(sent_at + renew_every) => {}
+        }
+        let mut last_error: Option<LeaseError> = None;
+        loop {
+            let current = lock(&shared.lease).clone();
+            let valid_until = current.valid_until();
+            if Instant::now() >= valid_until {
+                let e =
+                    last_error.map_or_else(|| "no answer in time".to_string(), |e| e.to_string());
+                shared.fire(LostReason::Expired(e));
+                return;
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = sleep_until(valid_until) => {
+                    let e = last_error.map_or_else(
+                        || "the store did not answer before local validity ended".to_string(),
+                        |e| e.to_string(),
+                    );
+                    shared.fire(LostReason::Expired(e));
+                    return;
+                }
+                result = provider.extend(&current, current.ttl()) => match result {
+                    Ok(renewed) => {
+                        *lock(&shared.lease) = renewed;
+                        break;
+                    }
+                    Err(e) if e.is_not_held() => {
+                        shared.fire(LostReason::Revoked);
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!(key = %current.key(), error = %e, "lease renewal failed; retrying until local validity ends");
+                        last_error = Some(e);
+                        let retry_at = (Instant::now() + retry_every).min(valid_until);
+                        tokio::select! {
+                            _ = stop.cancelled() => return,
+                            _ = sleep_until(retry_at) => {}
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

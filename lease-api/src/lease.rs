@@ -1,0 +1,259 @@
+//! Tokens, owner ids, leases and what `inspect` reports.
+
+use std::fmt;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::LeaseKey;
+
+/// A fencing token: a number issued with every lease that strictly increases
+/// across every acquisition of a key (C8).
+///
+/// Hand it to the resource the lease protects; the resource refuses writes whose
+/// token is lower than the highest it has seen (see [`FenceGate`](crate::FenceGate)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct FencingToken(pub u64);
+
+impl FencingToken {
+    /// The token as a number.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl From<u64> for FencingToken {
+    fn from(v: u64) -> Self {
+        FencingToken(v)
+    }
+}
+
+/// A random 128-bit owner id, fresh for every lease (C5).
+///
+/// Providers store it beside the token; `extend` and `release` act only when both
+/// match, so a stale holder can never touch the next holder's lease.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OwnerId(u128);
+
+impl OwnerId {
+    /// A new random owner id (UUID v4: 122 random bits from the OS generator).
+    pub fn random() -> Self {
+        OwnerId(uuid::Uuid::new_v4().as_u128())
+    }
+
+    /// The id as 32 lowercase hex digits, the form providers store.
+    pub fn to_hex(self) -> String {
+        format!("{:032x}", self.0)
+    }
+
+    /// Parses the 32-hex-digit form written by [`OwnerId::to_hex`].
+    pub fn from_hex(s: &str) -> Option<Self> {
+        if s.len() != 32 {
+            return None;
+        }
+        u128::from_str_radix(s, 16).ok().map(OwnerId)
+    }
+
+    /// The id as a number.
+    pub fn as_u128(self) -> u128 {
+        self.0
+    }
+}
+
+impl fmt::Debug for OwnerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "OwnerId({:032x})", self.0)
+    }
+}
+
+impl fmt::Display for OwnerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+/// The safety margin subtracted from the granted TTL for local validity (C10):
+/// 1% of the TTL plus 2 ms, for clock-rate drift between client and store.
+pub fn drift_margin(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
+/// One holder's claim on a key until its expiry.
+///
+/// A lease is plain data: it holds no connection and does not renew itself. Use a
+/// [`LeaseGuard`](crate::LeaseGuard) to keep it alive while a job runs.
+#[derive(Clone, Debug)]
+pub struct Lease {
+    key: LeaseKey,
+    token: FencingToken,
+    owner: OwnerId,
+    ttl: Duration,
+    sent_at: Instant,
+    valid_until: Instant,
+    handle: u64,
+}
+
+impl Lease {
+    /// Builds a lease; for providers. `sent_at` is when the acquire (or extend)
+    /// request was sent; local validity is `sent_at + ttl - drift_margin(ttl)`.
+    pub fn new(
+        key: LeaseKey,
+        token: FencingToken,
+        owner: OwnerId,
+        ttl: Duration,
+        sent_at: Instant,
+    ) -> Self {
+        let valid_until = sent_at + ttl.saturating_sub(drift_margin(ttl));
+        Lease {
+            key,
+            token,
+            owner,
+            ttl,
+            sent_at,
+            valid_until,
+            handle: 0,
+        }
+    }
+
+    /// Attaches an opaque per-provider value (an etcd lease id, a node version).
+    pub fn with_handle(mut self, handle: u64) -> Self {
+        self.handle = handle;
+        self
+    }
+
+    /// Narrows local validity further (Redlock subtracts the time the quorum took).
+    pub fn with_valid_until(mut self, valid_until: Instant) -> Self {
+        self.valid_until = self.valid_until.min(valid_until);
+        self
+    }
+
+    /// The leased key.
+    pub fn key(&self) -> &LeaseKey {
+        &self.key
+    }
+
+    /// The fencing token of this lease.
+    pub fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// The random owner id of this lease.
+    pub fn owner(&self) -> OwnerId {
+        self.owner
+    }
+
+    /// The TTL the store granted (after rounding to its granularity).
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// When the request that granted (or last extended) this lease was sent.
+    pub fn sent_at(&self) -> Instant {
+        self.sent_at
+    }
+
+    /// The instant before which the lease is surely still held (C10): never
+    /// later than [`sent_at`](Self::sent_at) + [`ttl`](Self::ttl).
+    pub fn valid_until(&self) -> Instant {
+        self.valid_until
+    }
+
+    /// How long the lease is surely still held from now; zero once past.
+    pub fn remaining(&self) -> Duration {
+        self.valid_until.saturating_duration_since(Instant::now())
+    }
+
+    /// True while local validity has not run out. Needs no I/O.
+    pub fn is_valid(&self) -> bool {
+        Instant::now() < self.valid_until
+    }
+
+    /// The opaque per-provider value set by [`with_handle`](Self::with_handle).
+    pub fn handle(&self) -> u64 {
+        self.handle
+    }
+}
+
+/// What `inspect` reports about a held key (C13).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseInfo {
+    /// The holder's fencing token.
+    pub token: FencingToken,
+    /// How long until the store expires the lease, as the store sees it now.
+    pub remaining: Duration,
+    /// The holder's owner id, where the store keeps it readable.
+    pub owner: Option<OwnerId>,
+}
+
+/// The answer of `try_acquire`.
+#[derive(Clone, Debug)]
+pub enum TryAcquire {
+    /// The key was free (or expired) and is now ours.
+    Acquired(Lease),
+    /// Someone else holds the key.
+    Held {
+        /// How long the current holder's lease still runs, when the store said.
+        remaining: Option<Duration>,
+    },
+}
+
+impl TryAcquire {
+    /// The lease, if acquired.
+    pub fn into_lease(self) -> Option<Lease> {
+        match self {
+            TryAcquire::Acquired(l) => Some(l),
+            TryAcquire::Held { .. } => None,
+        }
+    }
+
+    /// True if acquired.
+    pub fn is_acquired(&self) -> bool {
+        matches!(self, TryAcquire::Acquired(_))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owner_ids_roundtrip_and_differ() {
+        let a = OwnerId::random();
+        let b = OwnerId::random();
+        assert_ne!(a, b);
+        assert_eq!(OwnerId::from_hex(&a.to_hex()), Some(a));
+        assert_eq!(OwnerId::from_hex("xyz"), None);
+    }
+
+    #[test]
+    fn tokens_order_and_display() {
+        assert!(FencingToken(2) > FencingToken(1));
+        assert_eq!(FencingToken(42).to_string(), "42");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn local_validity_is_before_sent_plus_ttl() {
+        let sent = Instant::now();
+        let ttl = Duration::from_secs(10);
+        let l = Lease::new(
+            LeaseKey::new("k").unwrap(),
+            FencingToken(1),
+            OwnerId::random(),
+            ttl,
+            sent,
+        );
+        assert!(l.valid_until() < sent + ttl);
+        assert_eq!(l.valid_until(), sent + ttl - Duration::from_millis(102));
+        assert!(l.is_valid());
+        tokio::time::advance(ttl).await;
+        assert!(!l.is_valid());
+        assert_eq!(l.remaining(), Duration::ZERO);
+    }
+}

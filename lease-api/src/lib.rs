@@ -1,0 +1,71 @@
+//! # lease-api: the distributed-lease contract
+//!
+//! Several instances of a service compete for one resource (a settlement batch,
+//! a file, a cron slice); a **lease** lets exactly one of them work on it until
+//! the lease's TTL runs out. This crate is the contract every `lease` backend
+//! (Redis, Redlock, PostgreSQL, etcd, ZooKeeper) implements, plus everything that
+//! works over any backend:
+//!
+//! - [`LeaseKey`], [`FencingToken`], [`Lease`], [`Capabilities`], [`LeaseError`]:
+//!   the vocabulary of the contract (clauses C1..C15 in `ARCHITECTURE.md`).
+//! - [`LeaseProvider`]: the object-safe trait a backend implements; one atomic
+//!   store step per method.
+//! - [`acquire`]: wait for a key with a time limit, woken by the store's
+//!   notifications, cancel-safe.
+//! - [`LeaseGuard`]: renews in the background and fires a lost signal the job
+//!   selects on; [`run_with_lease`] runs a job under a lease and cancels it when
+//!   the lease is lost, with an optional minimum hold for once-per-slot jobs.
+//! - [`FenceGate`]: the resource side of fencing: it refuses writes carrying a
+//!   token older than one it has already seen.
+//! - [`MemoryProvider`]: the whole contract in one process, on tokio time; the
+//!   embedded default and the reference for every other backend.
+//!
+//! ```
+//! use std::{sync::Arc, time::Duration};
+//! use lease_api::{acquire, FenceGate, LeaseGuard, LeaseKey, LeaseProvider, MemoryProvider};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> lease_api::Result<()> {
+//! let provider: Arc<dyn LeaseProvider> = Arc::new(MemoryProvider::new());
+//! let key = LeaseKey::new("settlement/2026-12-02")?;
+//!
+//! // Wait up to one second for the key, hold it with a 10 s TTL.
+//! let lease = acquire(&provider, &key, Duration::from_secs(10), Duration::from_secs(1))
+//!     .await?
+//!     .expect("nobody else holds it");
+//! let guard = LeaseGuard::new(Arc::clone(&provider), lease);
+//!
+//! // The protected resource checks the token of every write.
+//! let gate = FenceGate::new();
+//! tokio::select! {
+//!     reason = guard.lost() => eprintln!("lease lost ({reason}); stop now"),
+//!     written = async { gate.write(&key, guard.token(), || "row written") } => {
+//!         assert_eq!(written.unwrap(), "row written");
+//!     }
+//! }
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod caps;
+mod error;
+mod fence;
+mod guard;
+mod key;
+mod lease;
+mod memory;
+mod provider;
+mod run;
+
+pub use caps::{Capabilities, DEFAULT_MAX_TTL, ExpiryClock, Notifications, TokenDurability};
+pub use error::{BoxError, LeaseError, Result};
+pub use fence::{FenceGate, StaleToken};
+pub use guard::{GuardConfig, LeaseGuard, LostReason};
+pub use key::{LeaseKey, MAX_KEY_BYTES, validate_namespace};
+pub use lease::{FencingToken, Lease, LeaseInfo, OwnerId, TryAcquire, drift_margin};
+pub use memory::{DEFAULT_NAMESPACE, MemoryProvider, MemoryStore};
+pub use provider::{KeyWatch, LeaseProvider, MAX_BLIND_WAIT, SleepWatch, acquire};
+pub use run::{LeaseContext, RunOptions, RunOutcome, run_with_lease};
+pub use tokio_util::sync::CancellationToken;

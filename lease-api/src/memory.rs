@@ -1,0 +1,330 @@
+//! The in-memory provider: the whole contract inside one process.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::Notify;
+use tokio::sync::futures::OwnedNotified;
+use tokio::time::Instant;
+
+use crate::{
+    Capabilities, DEFAULT_MAX_TTL, ExpiryClock, FencingToken, KeyWatch, Lease, LeaseError,
+    LeaseInfo, LeaseKey, LeaseProvider, Notifications, OwnerId, Result, TokenDurability,
+    TryAcquire, validate_namespace,
+};
+
+/// The default namespace of every provider.
+pub const DEFAULT_NAMESPACE: &str = "lease";
+
+/// How many operations pass between sweeps of expired, unwatched entries.
+const SWEEP_EVERY: u64 = 1024;
+
+struct Holder {
+    owner: OwnerId,
+    token: u64,
+    expires_at: Instant,
+}
+
+struct Entry {
+    holder: Option<Holder>,
+    notify: Arc<Notify>,
+}
+
+impl Entry {
+    fn live_holder(&self, now: Instant) -> Option<&Holder> {
+        self.holder.as_ref().filter(|h| h.expires_at > now)
+    }
+}
+
+#[derive(Default)]
+struct State {
+    entries: HashMap<(Arc<str>, LeaseKey), Entry>,
+    last_token: u64,
+    ops: u64,
+}
+
+impl State {
+    /// Drops entries nobody holds or watches, so memory follows live leases.
+    fn maybe_sweep(&mut self, now: Instant) {
+        self.ops += 1;
+        if !self.ops.is_multiple_of(SWEEP_EVERY) {
+            return;
+        }
+        self.entries
+            .retain(|_, e| e.live_holder(now).is_some() || Arc::strong_count(&e.notify) > 1);
+    }
+}
+
+/// One in-memory lease store. Every [`MemoryProvider`] made from the same store
+/// sees the same leases, like connections to one server; clones are cheap.
+#[derive(Clone, Default)]
+pub struct MemoryStore {
+    state: Arc<Mutex<State>>,
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore").finish_non_exhaustive()
+    }
+}
+
+impl MemoryStore {
+    /// A new, empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A provider on this store in `namespace`.
+    ///
+    /// # Errors
+    /// [`LeaseError::Config`] for an empty or over-long namespace.
+    pub fn provider(&self, namespace: &str) -> Result<MemoryProvider> {
+        validate_namespace(namespace)?;
+        Ok(MemoryProvider {
+            store: self.clone(),
+            namespace: Arc::from(namespace),
+            caps: Arc::new(memory_capabilities()),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // No code path panics while holding this lock; if one ever did, the map
+        // is still structurally sound, so keep serving.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn memory_capabilities() -> Capabilities {
+    Capabilities {
+        backend: "memory",
+        min_ttl: Duration::from_millis(1),
+        max_ttl: DEFAULT_MAX_TTL,
+        ttl_granularity: Duration::from_millis(1),
+        expiry_slack: Duration::ZERO,
+        durable_tokens: TokenDurability::Volatile(
+            "tokens live in process memory and start again at 1 in a new process".into(),
+        ),
+        notifications: Notifications::Native("in-process notify"),
+        expiry_clock: ExpiryClock::ProcessMonotonic,
+    }
+}
+
+/// The in-memory reference provider: the complete contract in one process.
+///
+/// It is the embedded default (no server needed) and the reference every other
+/// backend is compared with. Time is tokio time, so tests can pause and advance
+/// the clock. Releases wake waiters through [`tokio::sync::Notify`]; expiry is
+/// noticed by waiters at the holder's remaining TTL. Tokens come from one counter
+/// per store, so they increase across keys, namespaces and providers.
+///
+/// ```
+/// # async fn demo() -> lease_api::Result<()> {
+/// use std::time::Duration;
+/// use lease_api::{LeaseKey, LeaseProvider, MemoryProvider};
+///
+/// let provider = MemoryProvider::new();
+/// let key = LeaseKey::new("settlement-batch-7")?;
+/// let lease = provider.try_acquire(&key, Duration::from_secs(5)).await?.into_lease().unwrap();
+/// assert!(!provider.try_acquire(&key, Duration::from_secs(5)).await?.is_acquired());
+/// provider.release(&lease).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct MemoryProvider {
+    store: MemoryStore,
+    namespace: Arc<str>,
+    caps: Arc<Capabilities>,
+}
+
+impl fmt::Debug for MemoryProvider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryProvider")
+            .field("namespace", &self.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for MemoryProvider {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryProvider {
+    /// A provider on a new store of its own, in the default namespace.
+    pub fn new() -> Self {
+        MemoryProvider {
+            store: MemoryStore::new(),
+            namespace: Arc::from(DEFAULT_NAMESPACE),
+            caps: Arc::new(memory_capabilities()),
+        }
+    }
+
+    /// The store this provider works on, to make more providers on it.
+    pub fn store(&self) -> &MemoryStore {
+        &self.store
+    }
+
+    fn entry_key(&self, key: &LeaseKey) -> (Arc<str>, LeaseKey) {
+        (Arc::clone(&self.namespace), key.clone())
+    }
+}
+
+#[async_trait]
+impl LeaseProvider for MemoryProvider {
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
+        let ttl = self.caps.grant_ttl(ttl)?;
+        let sent_at = Instant::now();
+        let mut state = self.store.lock();
+        state.maybe_sweep(sent_at);
+        state.last_token += 1;
+        let token = state.last_token;
+        let entry = state
+            .entries
+            .entry(self.entry_key(key))
+            .or_insert_with(|| Entry {
+                holder: None,
+                notify: Arc::new(Notify::new()),
+            });
+        if let Some(h) = entry.live_holder(sent_at) {
+            let remaining = h.expires_at - sent_at;
+            // Hand the unused token back; tokens stay strictly increasing either way.
+            state.last_token -= 1;
+            return Ok(TryAcquire::Held {
+                remaining: Some(remaining),
+            });
+        }
+        let owner = OwnerId::random();
+        entry.holder = Some(Holder {
+            owner,
+            token,
+            expires_at: sent_at + ttl,
+        });
+        Ok(TryAcquire::Acquired(Lease::new(
+            key.clone(),
+            FencingToken(token),
+            owner,
+            ttl,
+            sent_at,
+        )))
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        let ttl = self.caps.grant_ttl(ttl)?;
+        let sent_at = Instant::now();
+        let mut state = self.store.lock();
+        let holder = state
+            .entries
+            .get_mut(&self.entry_key(lease.key()))
+            .and_then(|e| e.holder.as_mut())
+            .filter(|h| {
+                h.expires_at > sent_at && h.owner == lease.owner() && h.token == lease.token().0
+            });
+        match holder {
+            Some(h) => {
+                h.expires_at = sent_at + ttl;
+                Ok(Lease::new(
+                    lease.key().clone(),
+                    lease.token(),
+                    lease.owner(),
+                    ttl,
+                    sent_at,
+                )
+                .with_handle(lease.handle()))
+            }
+            None => Err(LeaseError::Lost {
+                key: lease.key().clone(),
+                token: lease.token(),
+            }),
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        let now = Instant::now();
+        let mut state = self.store.lock();
+        let entry = state.entries.get_mut(&self.entry_key(lease.key()));
+        match entry {
+            Some(e)
+                if e.live_holder(now)
+                    .is_some_and(|h| h.owner == lease.owner() && h.token == lease.token().0) =>
+            {
+                e.holder = None;
+                e.notify.notify_waiters();
+                Ok(())
+            }
+            _ => Err(LeaseError::NotHeld {
+                key: lease.key().clone(),
+                token: lease.token(),
+            }),
+        }
+    }
+
+    async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>> {
+        let now = Instant::now();
+        let state = self.store.lock();
+        Ok(state
+            .entries
+            .get(&self.entry_key(key))
+            .and_then(|e| e.live_holder(now))
+            .map(|h| LeaseInfo {
+                token: FencingToken(h.token),
+                remaining: h.expires_at - now,
+                owner: Some(h.owner),
+            }))
+    }
+
+    async fn watch(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {
+        let notify = {
+            let mut state = self.store.lock();
+            let entry = state
+                .entries
+                .entry(self.entry_key(key))
+                .or_insert_with(|| Entry {
+                    holder: None,
+                    notify: Arc::new(Notify::new()),
+                });
+            Arc::clone(&entry.notify)
+        };
+        Ok(Box::new(MemoryWatch::new(notify)))
+    }
+}
+
+struct MemoryWatch {
+    notify: Arc<Notify>,
+    pending: Pin<Box<OwnedNotified>>,
+}
+
+impl MemoryWatch {
+    fn new(notify: Arc<Notify>) -> Self {
+        let mut pending = Box::pin(Arc::clone(&notify).notified_owned());
+        // Registered now, so a release before the first `changed` is not missed.
+        pending.as_mut().enable();
+        MemoryWatch { notify, pending }
+    }
+}
+
+#[async_trait]
+impl KeyWatch for MemoryWatch {
+    async fn changed(&mut self, max: Duration) {
+        if tokio::time::timeout(max, self.pending.as_mut())
+            .await
+            .is_ok()
+        {
+            let mut next = Box::pin(Arc::clone(&self.notify).notified_owned());
+            next.as_mut().enable();
+            self.pending = next;
+        }
+    }
+}

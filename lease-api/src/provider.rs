@@ -1,0 +1,158 @@
+//! The `LeaseProvider` trait every backend implements, and its change watch.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use crate::{Capabilities, Lease, LeaseInfo, LeaseKey, Result, TryAcquire};
+
+/// One store's implementation of the lease contract (C1..C15).
+///
+/// The trait is object safe: build an `Arc<dyn LeaseProvider>` from configuration
+/// and hand it around. Every method is one atomic step in the store; the helpers
+/// that combine them ([`acquire`](crate::acquire), [`LeaseGuard`](crate::LeaseGuard),
+/// [`run_with_lease`](crate::run_with_lease)) work over any provider.
+#[async_trait]
+pub trait LeaseProvider: Send + Sync + fmt::Debug {
+    /// What this provider guarantees (C15).
+    fn capabilities(&self) -> &Capabilities;
+
+    /// The namespace this provider works in; providers with different
+    /// namespaces never see each other's keys (C1).
+    fn namespace(&self) -> &str;
+
+    /// Takes the key if it is free or expired, in one atomic store step (C2).
+    ///
+    /// A live lease of someone else is [`TryAcquire::Held`], not an error.
+    ///
+    /// # Errors
+    /// `InvalidTtl` (C3), `Unavailable`/`Timeout` when the store is unreachable.
+    async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire>;
+
+    /// Pushes the lease's expiry to store-now + `ttl`, keeping its token (C6).
+    /// Returns the lease with its new TTL and local validity.
+    ///
+    /// # Errors
+    /// `Lost` if this owner no longer holds the key, even if nobody took it.
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease>;
+
+    /// Frees the key at once and wakes waiters (C7).
+    ///
+    /// # Errors
+    /// `NotHeld` if this owner does not hold the key (double release, expiry,
+    /// takeover); the current holder is never touched.
+    async fn release(&self, lease: &Lease) -> Result<()>;
+
+    /// The current holder's token and remaining TTL, or `None` for a free key.
+    /// Changes nothing (C13).
+    async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>>;
+
+    /// Starts watching `key` for a change that may free it (C9).
+    ///
+    /// Call this **before** a `try_acquire` that may find the key held, then wait
+    /// on the returned watch: a release between the two is not missed. The
+    /// default has no notifications and only sleeps; backends override it with
+    /// their store's notifications.
+    async fn watch(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {
+        let _ = key;
+        Ok(Box::new(SleepWatch))
+    }
+}
+
+/// A registered interest in one key, returned by [`LeaseProvider::watch`].
+#[async_trait]
+pub trait KeyWatch: Send {
+    /// Resolves when the key may have changed, or when `max` has passed, which
+    /// ever is first. Spurious wake-ups are allowed: callers retry `try_acquire`.
+    async fn changed(&mut self, max: Duration);
+}
+
+/// The default watch: no notifications, sleeps for the whole allowance.
+#[derive(Debug)]
+pub struct SleepWatch;
+
+#[async_trait]
+impl KeyWatch for SleepWatch {
+    async fn changed(&mut self, max: Duration) {
+        tokio::time::sleep(max).await;
+    }
+}
+
+/// The longest a waiter sleeps between attempts when the store did not say how
+/// long the holder's lease runs: a safety net for a lost notification, not a poll.
+pub const MAX_BLIND_WAIT: Duration = Duration::from_secs(5);
+
+/// Acquires `key`, waiting up to `wait` for it to become free (C9).
+///
+/// Returns `Ok(None)` when `wait` runs out with the key still held. Waiting uses
+/// the provider's notifications, with a retry when the holder's remaining TTL
+/// runs out as a fallback. Each attempt runs in its own task: if this future is
+/// dropped while an attempt is in flight and that attempt wins, the lease is
+/// released at once, so a dropped waiter never leaks a lease.
+///
+/// # Errors
+/// Whatever `try_acquire` or `watch` returns (invalid key or TTL, store down).
+pub async fn acquire<P>(
+    provider: &Arc<P>,
+    key: &LeaseKey,
+    ttl: Duration,
+    wait: Duration,
+) -> Result<Option<Lease>>
+where
+    P: LeaseProvider + ?Sized + 'static,
+{
+    let deadline = Instant::now() + wait;
+    loop {
+        let mut watch = if wait.is_zero() {
+            None
+        } else {
+            Some(provider.watch(key).await?)
+        };
+        let remaining = match cancel_safe_try_acquire(provider, key, ttl).await? {
+            TryAcquire::Acquired(lease) => return Ok(Some(lease)),
+            TryAcquire::Held { remaining } => remaining,
+        };
+        let now = Instant::now();
+        let Some(watch) = watch.as_mut().filter(|_| now < deadline) else {
+            return Ok(None);
+        };
+        // Wake on the store's notification, or when the holder's lease would
+        // end, or at the deadline, whichever comes first.
+        let until_expiry = remaining
+            .map(|r| r + Duration::from_millis(1))
+            .unwrap_or(MAX_BLIND_WAIT);
+        watch.changed(until_expiry.min(deadline - now)).await;
+    }
+}
+
+async fn cancel_safe_try_acquire<P>(
+    provider: &Arc<P>,
+    key: &LeaseKey,
+    ttl: Duration,
+) -> Result<TryAcquire>
+where
+    P: LeaseProvider + ?Sized + 'static,
+{
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let p = Arc::clone(provider);
+    let k = key.clone();
+    tokio::spawn(async move {
+        let outcome = p.try_acquire(&k, ttl).await;
+        // The receiver is gone when the caller dropped its future: give the
+        // lease back instead of leaking it until its TTL.
+        if let Err(Ok(TryAcquire::Acquired(lease))) = tx.send(outcome)
+            && let Err(e) = p.release(&lease).await
+        {
+            tracing::warn!(key = %lease.key(), error = %e, "could not release the lease of a dropped acquire");
+        }
+    });
+    match rx.await {
+        Ok(outcome) => outcome,
+        Err(_) => Err(crate::LeaseError::protocol(
+            "the acquire task ended without an answer (the runtime is shutting down)",
+        )),
+    }
+}

@@ -1,0 +1,409 @@
+//! The generic helpers (acquire, guard, run-under-lease) on the in-memory
+//! provider, mostly with paused tokio time.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lease_api::*;
+use tokio::time::{Instant, sleep};
+
+/// Wraps a real provider and makes `extend` fail on demand, the way a store that
+/// went away or a takeover would.
+#[derive(Debug)]
+struct FailingExtend {
+    inner: MemoryProvider,
+    mode: AtomicU8, // 0: pass through, 1: Unavailable, 2: Lost
+}
+
+const PASS: u8 = 0;
+const DOWN: u8 = 1;
+const REVOKED: u8 = 2;
+
+impl FailingExtend {
+    fn new() -> Arc<Self> {
+        Arc::new(FailingExtend {
+            inner: MemoryProvider::new(),
+            mode: AtomicU8::new(PASS),
+        })
+    }
+}
+
+#[async_trait]
+impl LeaseProvider for FailingExtend {
+    fn capabilities(&self) -> &Capabilities {
+        self.inner.capabilities()
+    }
+    fn namespace(&self) -> &str {
+        self.inner.namespace()
+    }
+    async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
+        self.inner.try_acquire(key, ttl).await
+    }
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        match self.mode.load(Ordering::SeqCst) {
+            DOWN => Err(LeaseError::Unavailable {
+                message: "injected outage".into(),
+                source: None,
+            }),
+            REVOKED => Err(LeaseError::Lost {
+                key: lease.key().clone(),
+                token: lease.token(),
+            }),
+            _ => self.inner.extend(lease, ttl).await,
+        }
+    }
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        self.inner.release(lease).await
+    }
+    async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>> {
+        self.inner.inspect(key).await
+    }
+}
+
+fn key(s: &str) -> LeaseKey {
+    LeaseKey::new(s).unwrap()
+}
+
+const TTL: Duration = Duration::from_secs(3);
+
+#[tokio::test(start_paused = true)]
+async fn guard_renews_past_several_ttls() {
+    let provider: Arc<dyn LeaseProvider> = Arc::new(MemoryProvider::new());
+    let k = key("renewed");
+    let lease = provider
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    let token = lease.token();
+    let guard = LeaseGuard::new(Arc::clone(&provider), lease);
+    sleep(TTL * 5).await;
+    assert!(!guard.is_lost());
+    let info = provider.inspect(&k).await.unwrap().expect("still held");
+    assert_eq!(info.token, token);
+    assert!(
+        info.remaining > TTL / 2,
+        "renewed recently: {:?}",
+        info.remaining
+    );
+    assert!(!provider.try_acquire(&k, TTL).await.unwrap().is_acquired());
+    guard.release().await.unwrap();
+    assert!(provider.inspect(&k).await.unwrap().is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn guard_fires_lost_no_later_than_local_validity_when_store_is_down() {
+    let provider = FailingExtend::new();
+    let k = key("outage");
+    let lease = provider
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    let valid_until = lease.valid_until();
+    let guard = LeaseGuard::new(provider.clone(), lease);
+    provider.mode.store(DOWN, Ordering::SeqCst);
+    let reason = guard.lost().await;
+    let fired_at = Instant::now();
+    assert!(
+        fired_at <= valid_until,
+        "fired {:?} after validity",
+        fired_at - valid_until
+    );
+    assert!(
+        fired_at + TTL / 3 > valid_until,
+        "fired long before validity ended"
+    );
+    assert!(
+        matches!(&reason, LostReason::Expired(e) if e.contains("injected outage")),
+        "{reason:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn guard_fires_lost_at_once_when_store_says_revoked() {
+    let provider = FailingExtend::new();
+    let k = key("revoked");
+    let lease = provider
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    let guard = LeaseGuard::new(provider.clone(), lease.clone());
+    provider.mode.store(REVOKED, Ordering::SeqCst);
+    let started = Instant::now();
+    assert_eq!(guard.lost().await, LostReason::Revoked);
+    // At the first renewal (TTL/3), well before validity.
+    assert!(Instant::now() - started <= TTL / 3 + Duration::from_millis(1));
+    assert!(guard.lost_token().is_cancelled());
+    assert!(matches!(
+        guard.release().await,
+        Ok(()) | Err(LeaseError::NotHeld { .. })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn guard_survives_a_short_outage() {
+    let provider = FailingExtend::new();
+    let k = key("blip");
+    let lease = provider
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    let guard = LeaseGuard::new(provider.clone(), lease);
+    provider.mode.store(DOWN, Ordering::SeqCst);
+    sleep(TTL / 2).await; // one renewal failed, local validity not yet over
+    provider.mode.store(PASS, Ordering::SeqCst);
+    sleep(TTL * 3).await;
+    assert!(!guard.is_lost(), "{:?}", guard.lost_reason());
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_a_guard_releases_the_lease() {
+    let provider: Arc<dyn LeaseProvider> = Arc::new(MemoryProvider::new());
+    let k = key("dropped-guard");
+    let lease = provider
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    drop(LeaseGuard::new(Arc::clone(&provider), lease));
+    sleep(Duration::from_millis(1)).await;
+    assert!(provider.inspect(&k).await.unwrap().is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn run_with_lease_cancels_the_job_when_the_lease_is_lost() {
+    let provider = FailingExtend::new();
+    let k = key("job");
+    let dropped = Arc::new(AtomicBool::new(false));
+    struct SetOnDrop(Arc<AtomicBool>);
+    impl Drop for SetOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let flag = Arc::clone(&dropped);
+    let p = Arc::clone(&provider);
+    let outcome = run_with_lease(
+        provider.clone(),
+        &k,
+        TTL,
+        RunOptions::default(),
+        |ctx| async move {
+            let _marker = SetOnDrop(flag);
+            p.mode.store(DOWN, Ordering::SeqCst);
+            // A job that would run forever; only the lost signal ends it.
+            sleep(Duration::from_secs(3600)).await;
+            ctx.token
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        matches!(
+            outcome,
+            RunOutcome::Lost {
+                reason: LostReason::Expired(_),
+                ..
+            }
+        ),
+        "{outcome:?}"
+    );
+    assert!(dropped.load(Ordering::SeqCst), "the job future was dropped");
+}
+
+#[tokio::test(start_paused = true)]
+async fn run_with_lease_releases_after_the_job_and_reports_not_acquired() {
+    let provider: Arc<dyn LeaseProvider> = Arc::new(MemoryProvider::new());
+    let k = key("once");
+    let out = run_with_lease(
+        Arc::clone(&provider),
+        &k,
+        TTL,
+        RunOptions::default(),
+        |ctx| async move { ctx.token.get() * 10 },
+    )
+    .await
+    .unwrap();
+    let RunOutcome::Completed { value, token } = out else {
+        panic!("{out:?}")
+    };
+    assert_eq!(value, token.get() * 10);
+    assert!(
+        provider.inspect(&k).await.unwrap().is_none(),
+        "released after the job"
+    );
+
+    let held = provider
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    let out = run_with_lease(
+        Arc::clone(&provider),
+        &k,
+        TTL,
+        RunOptions::default(),
+        |_| async { unreachable!() },
+    )
+    .await
+    .unwrap();
+    assert!(matches!(out, RunOutcome::NotAcquired));
+    provider.release(&held).await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn minimum_hold_keeps_the_key_after_a_short_job() {
+    let provider: Arc<dyn LeaseProvider> = Arc::new(MemoryProvider::new());
+    let k = key("cron-slot");
+    let started = Instant::now();
+    let min_hold = Duration::from_secs(60);
+    let options = RunOptions {
+        min_hold,
+        ..RunOptions::default()
+    };
+    let out = run_with_lease(
+        Arc::clone(&provider),
+        &k,
+        Duration::from_secs(10),
+        options,
+        |_| async {
+            sleep(Duration::from_secs(1)).await;
+        },
+    )
+    .await
+    .unwrap();
+    assert!(matches!(out, RunOutcome::Completed { .. }));
+    // A late instance of the same slot finds the key held...
+    sleep(Duration::from_secs(30)).await;
+    assert!(!provider.try_acquire(&k, TTL).await.unwrap().is_acquired());
+    let info = provider.inspect(&k).await.unwrap().unwrap();
+    let until = Instant::now() + info.remaining;
+    assert!(until >= started + min_hold && until <= started + min_hold + Duration::from_millis(5));
+    // ...and the next slot finds it free, with no process kept alive for it.
+    sleep_until_after(started + min_hold).await;
+    assert!(provider.try_acquire(&k, TTL).await.unwrap().is_acquired());
+}
+
+async fn sleep_until_after(t: Instant) {
+    tokio::time::sleep_until(t + Duration::from_millis(1)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiter_is_woken_by_release_not_by_ttl() {
+    let provider: Arc<dyn LeaseProvider> = Arc::new(MemoryProvider::new());
+    let k = key("handoff");
+    let holder = provider
+        .try_acquire(&k, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    let p = Arc::clone(&provider);
+    let k2 = k.clone();
+    let waiter = tokio::spawn(async move { acquire(&p, &k2, TTL, Duration::from_secs(30)).await });
+    sleep(Duration::from_millis(100)).await;
+    let released_at = Instant::now();
+    provider.release(&holder).await.unwrap();
+    let lease = waiter.await.unwrap().unwrap().expect("woken by release");
+    assert!(Instant::now() - released_at < Duration::from_millis(10));
+    assert!(lease.token() > holder.token());
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiter_gives_up_at_its_limit() {
+    let provider: Arc<dyn LeaseProvider> = Arc::new(MemoryProvider::new());
+    let k = key("busy");
+    let _holder = provider
+        .try_acquire(&k, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let got = acquire(&provider, &k, TTL, Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert!(got.is_none());
+    let waited = Instant::now() - started;
+    assert!(
+        waited >= Duration::from_secs(2) && waited < Duration::from_millis(2100),
+        "{waited:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn invalid_keys_and_ttls_are_clear_errors() {
+    let provider: Arc<dyn LeaseProvider> = Arc::new(MemoryProvider::new());
+    let k = key("k");
+    for ttl in [Duration::ZERO, DEFAULT_MAX_TTL + Duration::from_secs(1)] {
+        let err = provider.try_acquire(&k, ttl).await.unwrap_err();
+        assert!(matches!(err, LeaseError::InvalidTtl { .. }), "{err}");
+        assert!(err.to_string().contains("TTL"), "{err}");
+    }
+    let lease = provider
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    assert!(matches!(
+        provider.extend(&lease, Duration::ZERO).await,
+        Err(LeaseError::InvalidTtl { .. })
+    ));
+    // The bad call changed nothing.
+    assert_eq!(
+        provider.inspect(&k).await.unwrap().unwrap().token,
+        lease.token()
+    );
+    assert!(matches!(
+        LeaseKey::new(""),
+        Err(LeaseError::InvalidKey { .. })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn stale_holder_cannot_touch_the_next_holder() {
+    let provider = MemoryProvider::new();
+    let k = key("stale");
+    let old = provider
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    sleep(TTL).await;
+    let new = provider
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    assert!(new.token() > old.token());
+    assert!(matches!(
+        provider.release(&old).await,
+        Err(LeaseError::NotHeld { .. })
+    ));
+    assert!(matches!(
+        provider.extend(&old, TTL).await,
+        Err(LeaseError::Lost { .. })
+    ));
+    assert_eq!(
+        provider.inspect(&k).await.unwrap().unwrap().token,
+        new.token()
+    );
+    provider.release(&new).await.unwrap();
+    assert!(matches!(
+        provider.release(&new).await,
+        Err(LeaseError::NotHeld { .. })
+    ));
+}
