@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -64,6 +65,7 @@ impl State {
 #[derive(Clone, Default)]
 pub struct MemoryStore {
     state: Arc<Mutex<State>>,
+    down: Arc<AtomicBool>,
 }
 
 impl fmt::Debug for MemoryStore {
@@ -91,10 +93,24 @@ impl MemoryStore {
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    /// Marks the store as down (or up again). While down, every operation of
+    /// every provider on it fails with [`LeaseError::Unavailable`], the way a
+    /// networked store fails when it cannot be reached: a fault to inject into
+    /// tests of code that uses leases. Leases keep expiring meanwhile.
+    pub fn set_down(&self, down: bool) {
+        self.down.store(down, Ordering::SeqCst);
+    }
+
+    fn lock(&self) -> Result<MutexGuard<'_, State>> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(LeaseError::Unavailable {
+                message: "the in-memory store is marked down (MemoryStore::set_down)".into(),
+                source: None,
+            });
+        }
         // No code path panics while holding this lock; if one ever did, the map
         // is still structurally sound, so keep serving.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        Ok(self.state.lock().unwrap_or_else(|e| e.into_inner()))
     }
 }
 
@@ -187,7 +203,7 @@ impl LeaseProvider for MemoryProvider {
     async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
         let ttl = self.caps.grant_ttl(ttl)?;
         let sent_at = Instant::now();
-        let mut state = self.store.lock();
+        let mut state = self.store.lock()?;
         state.maybe_sweep(sent_at);
         state.last_token += 1;
         let token = state.last_token;
@@ -224,7 +240,7 @@ impl LeaseProvider for MemoryProvider {
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
         let ttl = self.caps.grant_ttl(ttl)?;
         let sent_at = Instant::now();
-        let mut state = self.store.lock();
+        let mut state = self.store.lock()?;
         let holder = state
             .entries
             .get_mut(&self.entry_key(lease.key()))
@@ -253,7 +269,7 @@ impl LeaseProvider for MemoryProvider {
 
     async fn release(&self, lease: &Lease) -> Result<()> {
         let now = Instant::now();
-        let mut state = self.store.lock();
+        let mut state = self.store.lock()?;
         let entry = state.entries.get_mut(&self.entry_key(lease.key()));
         match entry {
             Some(e)
@@ -273,7 +289,7 @@ impl LeaseProvider for MemoryProvider {
 
     async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>> {
         let now = Instant::now();
-        let state = self.store.lock();
+        let state = self.store.lock()?;
         Ok(state
             .entries
             .get(&self.entry_key(key))
@@ -287,7 +303,7 @@ impl LeaseProvider for MemoryProvider {
 
     async fn watch(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {
         let notify = {
-            let mut state = self.store.lock();
+            let mut state = self.store.lock()?;
             let entry = state
                 .entries
                 .entry(self.entry_key(key))

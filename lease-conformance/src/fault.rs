@@ -1,0 +1,77 @@
+//! Fault injection over any provider.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lease_api::{
+    Capabilities, KeyWatch, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Result,
+    TryAcquire,
+};
+
+/// Wraps a provider and, while [`cut`](Self::cut), fails every call with
+/// `Unavailable`, as if the network between this holder and the store were
+/// partitioned. The store itself keeps running, so other holders see the lease
+/// expire and take over: the setting of the "holder pauses past its TTL" and
+/// "holder is cut off" failures.
+#[derive(Debug)]
+pub struct Partition {
+    inner: Arc<dyn LeaseProvider>,
+    cut: AtomicBool,
+}
+
+impl Partition {
+    /// Wraps `inner`, connected.
+    pub fn new(inner: Arc<dyn LeaseProvider>) -> Arc<Self> {
+        Arc::new(Partition {
+            inner,
+            cut: AtomicBool::new(false),
+        })
+    }
+
+    /// Cuts (`true`) or heals (`false`) the link.
+    pub fn cut(&self, cut: bool) {
+        self.cut.store(cut, Ordering::SeqCst);
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.cut.load(Ordering::SeqCst) {
+            return Err(LeaseError::Unavailable {
+                message: "the link to the store is cut (injected partition)".into(),
+                source: None,
+            });
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl LeaseProvider for Partition {
+    fn capabilities(&self) -> &Capabilities {
+        self.inner.capabilities()
+    }
+    fn namespace(&self) -> &str {
+        self.inner.namespace()
+    }
+    async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
+        self.check()?;
+        self.inner.try_acquire(key, ttl).await
+    }
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        self.check()?;
+        self.inner.extend(lease, ttl).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        self.check()?;
+        self.inner.release(lease).await
+    }
+    async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>> {
+        self.check()?;
+        self.inner.inspect(key).await
+    }
+    async fn watch(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {
+        self.check()?;
+        self.inner.watch(key).await
+    }
+}

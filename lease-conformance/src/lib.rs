@@ -1,0 +1,340 @@
+//! # lease-conformance: one suite that proves a provider keeps the lease contract
+//!
+//! Every `lease` backend runs these cases, and so can you against your own
+//! deployment: they are the contract's table of contents (clauses C1..C15 of
+//! `ARCHITECTURE.md`). Each case is a named, documented function in [`CASES`];
+//! the names are stable public API.
+//!
+//! ## Run it against an adapter
+//!
+//! Implement [`ProviderFactory`] (a fresh, independent provider per call, in the
+//! namespace asked for, plus one pointed at a store that is down), then expand one
+//! `#[tokio::test]` per case:
+//!
+//! ```
+//! use lease_conformance::{conformance_tests, MemoryFactory};
+//! conformance_tests!(memory_conformance, MemoryFactory::new());
+//! ```
+//!
+//! `cargo test` then lists `memory_conformance::acquire_free_key ... ok` and so on.
+//! Every case reads TTLs and slack from the provider's [`Capabilities`](lease_api::Capabilities),
+//! uses its own random namespace and key prefix, and can run concurrently with
+//! the others against one server.
+//!
+//! ## Run it against your deployment
+//!
+//! [`run_all`] runs every case and returns a [`Report`] (pass/fail and time per
+//! case), which the `lease conformance` command prints as a table.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod cases;
+mod fault;
+mod memory;
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use lease_api::{LeaseError, LeaseKey, LeaseProvider};
+
+pub use cases::CASES;
+pub use fault::Partition;
+pub use memory::MemoryFactory;
+
+#[doc(hidden)]
+pub use tokio as __tokio;
+
+/// Makes providers for the suite.
+#[async_trait]
+pub trait ProviderFactory: Send + Sync + 'static {
+    /// A new, independent provider (its own connection or client where the
+    /// backend has one) working in `namespace`.
+    async fn provider(&self, namespace: &str) -> Result<Arc<dyn LeaseProvider>, LeaseError>;
+
+    /// A provider configured for a store that is down or unreachable (for
+    /// example a closed loopback port), with a short timeout.
+    async fn unreachable(&self) -> Result<Arc<dyn LeaseProvider>, LeaseError>;
+
+    /// How long an operation on [`unreachable`](Self::unreachable) may take to
+    /// fail. Default: 10 s.
+    fn unavailable_within(&self) -> Duration {
+        Duration::from_secs(10)
+    }
+
+    /// Removes what the suite left in `namespace` (expired entries, counters).
+    /// Default: nothing to remove.
+    async fn cleanup(&self, namespace: &str) -> Result<(), LeaseError> {
+        let _ = namespace;
+        Ok(())
+    }
+}
+
+/// Why a case failed.
+#[derive(Debug, Clone)]
+pub struct CaseError(pub String);
+
+impl fmt::Display for CaseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for CaseError {}
+
+impl From<LeaseError> for CaseError {
+    fn from(e: LeaseError) -> Self {
+        let mut msg = format!("unexpected lease error: {e}");
+        let mut src = std::error::Error::source(&e);
+        while let Some(s) = src {
+            msg.push_str(&format!(": {s}"));
+            src = s.source();
+        }
+        CaseError(msg)
+    }
+}
+
+/// The result type of a case.
+pub type CaseResult = Result<(), CaseError>;
+
+type CaseFn = fn(Ctx) -> Pin<Box<dyn Future<Output = CaseResult> + Send>>;
+
+/// One named case of the suite.
+#[derive(Clone, Copy)]
+pub struct Case {
+    /// The stable name (also the test function's name).
+    pub name: &'static str,
+    /// The contract clause(s) it proves.
+    pub clause: &'static str,
+    /// What it checks, in one sentence.
+    pub about: &'static str,
+    run: CaseFn,
+}
+
+impl fmt::Debug for Case {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Case")
+            .field("name", &self.name)
+            .field("clause", &self.clause)
+            .finish()
+    }
+}
+
+/// What a case gets: the factory, its own namespace and key prefix.
+#[derive(Clone)]
+pub struct Ctx {
+    factory: Arc<dyn ProviderFactory>,
+    namespace: String,
+    prefix: String,
+}
+
+impl Ctx {
+    fn new(factory: Arc<dyn ProviderFactory>, case: &str) -> Self {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        Ctx {
+            factory,
+            namespace: format!("lease-conformance-{}", &id[..12]),
+            prefix: format!("{case}-{}", &id[12..20]),
+        }
+    }
+
+    /// A new provider in this case's namespace.
+    pub async fn provider(&self) -> Result<Arc<dyn LeaseProvider>, CaseError> {
+        Ok(self.factory.provider(&self.namespace).await?)
+    }
+
+    /// A new provider in another namespace derived from this case's.
+    pub async fn provider_in(&self, suffix: &str) -> Result<Arc<dyn LeaseProvider>, CaseError> {
+        Ok(self
+            .factory
+            .provider(&format!("{}-{suffix}", self.namespace))
+            .await?)
+    }
+
+    /// A key unique to this case run: the case's random prefix, `/`, `name`.
+    pub fn key(&self, name: &str) -> Result<LeaseKey, CaseError> {
+        Ok(LeaseKey::new(format!("{}/{name}", self.prefix))?)
+    }
+
+    /// The factory the case runs on.
+    pub fn factory(&self) -> &Arc<dyn ProviderFactory> {
+        &self.factory
+    }
+}
+
+/// Fails the case with a message unless the condition holds.
+#[macro_export]
+macro_rules! check {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err($crate::CaseError(format!("{} (at {}:{})", format!($($msg)+), file!(), line!())));
+        }
+    };
+}
+
+/// One case's outcome in a [`Report`].
+#[derive(Debug, Clone)]
+pub struct CaseReport {
+    /// The case name.
+    pub name: &'static str,
+    /// The clause it proves.
+    pub clause: &'static str,
+    /// `None` if it passed, else why it failed.
+    pub failure: Option<String>,
+    /// How long it took.
+    pub elapsed: Duration,
+}
+
+/// The outcome of [`run_all`].
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    /// One entry per case, in [`CASES`] order.
+    pub cases: Vec<CaseReport>,
+}
+
+impl Report {
+    /// True if every case passed.
+    pub fn passed(&self) -> bool {
+        self.cases.iter().all(|c| c.failure.is_none())
+    }
+
+    /// How many cases failed.
+    pub fn failures(&self) -> usize {
+        self.cases.iter().filter(|c| c.failure.is_some()).count()
+    }
+}
+
+/// Looks a case up by name.
+pub fn case(name: &str) -> Option<&'static Case> {
+    CASES.iter().find(|c| c.name == name)
+}
+
+/// Runs one case; the error says what broke.
+///
+/// # Errors
+/// The case's failure, or an unknown case name.
+pub async fn run_case(factory: Arc<dyn ProviderFactory>, name: &str) -> CaseResult {
+    let Some(case) = case(name) else {
+        return Err(CaseError(format!("no conformance case named {name:?}")));
+    };
+    let ctx = Ctx::new(Arc::clone(&factory), case.name);
+    let namespace = ctx.namespace.clone();
+    let result = (case.run)(ctx).await;
+    // Cleanup is best effort; a failure here must not hide the case's result.
+    let _ = factory.cleanup(&namespace).await;
+    result
+}
+
+/// Runs every case concurrently and reports pass/fail and time per case.
+pub async fn run_all(factory: Arc<dyn ProviderFactory>) -> Report {
+    let runs = CASES.iter().map(|case| {
+        let factory = Arc::clone(&factory);
+        async move {
+            let started = Instant::now();
+            let handle = tokio::spawn(run_case(factory, case.name));
+            let failure = match handle.await {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e.0),
+                Err(e) => Some(format!("the case panicked: {e}")),
+            };
+            CaseReport {
+                name: case.name,
+                clause: case.clause,
+                failure,
+                elapsed: started.elapsed(),
+            }
+        }
+    });
+    Report {
+        cases: futures_util::future::join_all(runs).await,
+    }
+}
+
+/// For the [`conformance_tests!`] macro: runs a case and panics with its failure.
+#[doc(hidden)]
+pub async fn __run_test<F: ProviderFactory>(factory: F, name: &str) {
+    if let Err(e) = run_case(Arc::new(factory), name).await {
+        panic!("conformance case {name} failed: {e}");
+    }
+}
+
+/// For the [`conformance_tests!`] macro: the macro's case list must be [`CASES`].
+#[doc(hidden)]
+pub fn __check_case_list(names: &[&str]) {
+    let expected: Vec<&str> = CASES.iter().map(|c| c.name).collect();
+    assert_eq!(
+        names,
+        expected.as_slice(),
+        "conformance_tests! and CASES list different cases"
+    );
+}
+
+/// Expands to `mod $module` with one `#[tokio::test]` per conformance case.
+///
+/// `$factory` is an expression evaluated inside each test (names in the calling
+/// module are in scope) that yields a [`ProviderFactory`].
+#[macro_export]
+macro_rules! conformance_tests {
+    ($module:ident, $factory:expr) => {
+        $crate::__conformance_module!(
+            $module,
+            $factory,
+            [
+                acquire_free_key,
+                held_key_refuses_second_acquirer,
+                concurrent_acquirers_exactly_one_wins,
+                release_frees_key_at_once,
+                double_release_is_not_held,
+                stale_release_after_takeover_keeps_new_holder,
+                extend_pushes_expiry_past_original_ttl,
+                extend_after_expiry_fails,
+                stale_extend_after_takeover_fails,
+                expired_lease_is_taken_over_in_time,
+                tokens_increase_after_release,
+                tokens_increase_on_takeover,
+                tokens_increase_across_instances,
+                extend_keeps_token,
+                keys_are_independent,
+                namespaces_are_isolated,
+                unusual_keys_work_and_stay_distinct,
+                invalid_keys_are_rejected,
+                invalid_ttls_are_rejected,
+                granted_ttl_follows_capabilities,
+                inspect_reports_holder_and_free_key,
+                waiter_wakes_promptly_on_release,
+                waiter_times_out_while_held,
+                waiter_gets_key_after_crashed_holder_expires,
+                dropped_wait_leaks_no_lease,
+                guard_renews_past_several_ttls,
+                guard_fires_lost_signal_by_local_validity,
+                local_validity_never_exceeds_sent_plus_ttl,
+                fence_gate_rejects_older_holder,
+                unreachable_store_is_unavailable,
+            ]
+        );
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_module {
+    ($module:ident, $factory:expr, [$($case:ident),* $(,)?]) => {
+        mod $module {
+            #[allow(unused_imports)]
+            use super::*;
+            #[test]
+            fn every_case_has_a_test() {
+                $crate::__check_case_list(&[$(stringify!($case)),*]);
+            }
+            $(
+                #[$crate::__tokio::test(flavor = "multi_thread", worker_threads = 2, crate = "lease_conformance::__tokio")]
+                async fn $case() {
+                    $crate::__run_test($factory, stringify!($case)).await;
+                }
+            )*
+        }
+    };
+}
