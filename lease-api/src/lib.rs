@@ -66,6 +66,6 @@ pub use guard::{GuardConfig, LeaseGuard, LostReason};
 pub use key::{LeaseKey, MAX_KEY_BYTES, validate_namespace};
 pub use lease::{FencingToken, Lease, LeaseInfo, OwnerId, TryAcquire, drift_margin};
 pub use memory::{DEFAULT_NAMESPACE, MemoryProvider, MemoryStore};
-pub use provider::{KeyWatch, LeaseProvider, MAX_BLIND_WAIT, SleepWatch, acquire};
+pub use provider::{KeyWatch, LeaseProvider, MAX_BLIND_WAIT, NotifyWatch, SleepWatch, acquire};
 pub use run::{LeaseContext, RunOptions, RunOutcome, run_with_lease};
 pub use tokio_util::sync::CancellationToken;

@@ -2,20 +2,18 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::Notify;
-use tokio::sync::futures::OwnedNotified;
 use tokio::time::Instant;
 
 use crate::{
     Capabilities, DEFAULT_MAX_TTL, ExpiryClock, FencingToken, KeyWatch, Lease, LeaseError,
-    LeaseInfo, LeaseKey, LeaseProvider, Notifications, OwnerId, Result, TokenDurability,
-    TryAcquire, validate_namespace,
+    LeaseInfo, LeaseKey, LeaseProvider, Notifications, NotifyWatch, OwnerId, Result,
+    TokenDurability, TryAcquire, validate_namespace,
 };
 
 /// The default namespace of every provider.
@@ -313,34 +311,6 @@ impl LeaseProvider for MemoryProvider {
                 });
             Arc::clone(&entry.notify)
         };
-        Ok(Box::new(MemoryWatch::new(notify)))
-    }
-}
-
-struct MemoryWatch {
-    notify: Arc<Notify>,
-    pending: Pin<Box<OwnedNotified>>,
-}
-
-impl MemoryWatch {
-    fn new(notify: Arc<Notify>) -> Self {
-        let mut pending = Box::pin(Arc::clone(&notify).notified_owned());
-        // Registered now, so a release before the first `changed` is not missed.
-        pending.as_mut().enable();
-        MemoryWatch { notify, pending }
-    }
-}
-
-#[async_trait]
-impl KeyWatch for MemoryWatch {
-    async fn changed(&mut self, max: Duration) {
-        if tokio::time::timeout(max, self.pending.as_mut())
-            .await
-            .is_ok()
-        {
-            let mut next = Box::pin(Arc::clone(&self.notify).notified_owned());
-            next.as_mut().enable();
-            self.pending = next;
-        }
+        Ok(Box::new(NotifyWatch::new(notify)))
     }
 }

@@ -1,10 +1,13 @@
 //! The `LeaseProvider` trait every backend implements, and its change watch.
 
 use std::fmt;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio::sync::Notify;
+use tokio::sync::futures::OwnedNotified;
 use tokio::time::Instant;
 
 use crate::{Capabilities, Lease, LeaseInfo, LeaseKey, Result, TryAcquire};
@@ -78,6 +81,46 @@ pub struct SleepWatch;
 impl KeyWatch for SleepWatch {
     async fn changed(&mut self, max: Duration) {
         tokio::time::sleep(max).await;
+    }
+}
+
+/// A watch woken by a [`Notify`]: backends keep one `Notify` per watched key and
+/// call `notify_waiters` when a notification for that key arrives (or when their
+/// notification channel breaks, so waiters retry instead of missing a release).
+///
+/// The watch registers itself at construction, so a `notify_waiters` between
+/// [`NotifyWatch::new`] and [`KeyWatch::changed`] is not lost.
+pub struct NotifyWatch {
+    notify: Arc<Notify>,
+    pending: Pin<Box<OwnedNotified>>,
+}
+
+impl fmt::Debug for NotifyWatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NotifyWatch").finish_non_exhaustive()
+    }
+}
+
+impl NotifyWatch {
+    /// Registers interest in `notify` now.
+    pub fn new(notify: Arc<Notify>) -> Self {
+        let mut pending = Box::pin(Arc::clone(&notify).notified_owned());
+        pending.as_mut().enable();
+        NotifyWatch { notify, pending }
+    }
+}
+
+#[async_trait]
+impl KeyWatch for NotifyWatch {
+    async fn changed(&mut self, max: Duration) {
+        if tokio::time::timeout(max, self.pending.as_mut())
+            .await
+            .is_ok()
+        {
+            let mut next = Box::pin(Arc::clone(&self.notify).notified_owned());
+            next.as_mut().enable();
+            self.pending = next;
+        }
     }
 }
 

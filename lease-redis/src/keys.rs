@@ -1,0 +1,51 @@
+//! How namespaces and keys become Redis keys.
+//!
+//! The lease key and its fence counter share one hash tag, `{ns|key}`, so both
+//! live in one Redis Cluster slot and one script may touch both. `%`, `{`, `}` and
+//! `|` are percent-encoded inside the tag: the tag can never end early, and the
+//! encoding is injective, so two different (namespace, key) pairs never share a
+//! Redis key.
+
+pub(crate) fn encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            '|' => out.push_str("%7C"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The Redis names for one lease: (lease key, fence counter key).
+pub(crate) fn redis_keys(ns_encoded: &str, key: &str) -> (String, String) {
+    let tag = format!("{{{ns_encoded}|{}}}", encode(key));
+    (format!("{tag}:lease"), format!("{tag}:fence"))
+}
+
+/// The pub/sub channel on which releases in a namespace are announced; the
+/// message is the released key.
+pub(crate) fn release_channel(ns_encoded: &str) -> String {
+    format!("lease-released|{ns_encoded}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_cannot_end_early_and_do_not_collide() {
+        let (l, f) = redis_keys(&encode("ns"), "a}b{c");
+        assert_eq!(l, "{ns|a%7Db%7Bc}:lease");
+        assert_eq!(f, "{ns|a%7Db%7Bc}:fence");
+        // Look-alikes stay apart.
+        assert_ne!(
+            redis_keys(&encode("a|b"), "c"),
+            redis_keys(&encode("a"), "b|c")
+        );
+        assert_ne!(redis_keys("ns", "%7B"), redis_keys("ns", "{"));
+    }
+}

@@ -1,0 +1,92 @@
+//! # lease-redis: leases on Redis, one node or a Redlock majority
+//!
+//! Two providers of the [`lease_api`] contract:
+//!
+//! - [`RedisProvider`]: one Redis server. Each operation is **one Lua script**,
+//!   so one round trip: acquire is "if the key is absent, INCR the fence counter
+//!   and `SET owner:token PX ttl`"; extend and release compare the owner before
+//!   acting; release PUBLISHes the key so waiters wake at once.
+//! - [`RedlockProvider`]: N >= 3 independent Redis servers; a lease is held when a
+//!   majority accepted it within its validity (TTL minus the time the round took
+//!   minus a drift margin).
+//!
+//! ```no_run
+//! # async fn demo() -> lease_api::Result<()> {
+//! use std::time::Duration;
+//! use lease_api::{LeaseKey, LeaseProvider};
+//! use lease_redis::{RedisConfig, RedisProvider};
+//!
+//! let provider = RedisProvider::new(RedisConfig::new("redis://127.0.0.1:6379").namespace("billing"))?;
+//! let key = LeaseKey::new("settlement/2026-12-02")?;
+//! if let Some(lease) = provider.try_acquire(&key, Duration::from_secs(30)).await?.into_lease() {
+//!     println!("holding {key} with fencing token {}", lease.token());
+//!     provider.release(&lease).await?;
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! ## Key layout
+//!
+//! A lease on `key` in namespace `ns` is the string key `{ns|key}:lease` holding
+//! `<owner>:<token>` with a PX expiry, and its fence counter is `{ns|key}:fence`
+//! (no expiry, so tokens keep growing after release and expiry). Both share the
+//! hash tag `{ns|key}`, so they live in one Redis Cluster slot and one script may
+//! touch both. `%`, `{`, `}` and `|` are percent-encoded inside the tag, so no key
+//! can end the tag early and no two keys collide. Releases are announced on the
+//! channel `lease-released|ns` with the key as message.
+//!
+//! The counter is one small key per lease key ever used. It is the price of
+//! tokens that never go back; delete counters only for keys you will never use again.
+//!
+//! ## Expiry and tokens
+//!
+//! Expiry is the server's own key expiry (PX), never the client's clock. Tokens
+//! survive a restart only if the fence counters do: with AOF and `appendfsync
+//! always`. [`RedisProvider::probe`] (run by itself in the background on first
+//! use) reads the server's configuration and the capabilities say which it is.
+//! Managed Redis that refuses `CONFIG GET` is reported as unknown.
+//!
+//! ## One node, Redlock, or another backend?
+//!
+//! - **One node** is the fastest choice and right when Redis is already a
+//!   dependency you trust to stay up. Its weak spot is failover: Redis replication
+//!   is asynchronous, so a replica promoted after a crash may not have the lease
+//!   (two holders) and may not have the last counter increments (tokens repeat).
+//! - **Redlock** survives the loss of a minority of nodes without that failover
+//!   hole, at the price of N servers and a round to each. Martin Kleppmann's
+//!   critique still applies: Redlock's safety rests on bounded process pauses,
+//!   network delays and clock drift; a holder paused by GC past its TTL, or a
+//!   node whose clock jumps, can let two holders believe they hold the lease.
+//!   No lock service can prevent that alone. What closes the gap is **fencing**:
+//!   every write carries the lease's token and the resource refuses a token lower
+//!   than one it has seen, so the paused holder's late write fails. That is why
+//!   our Redlock issues tokens that strictly increase across different
+//!   majorities (below), which classic Redlock does not.
+//! - **PostgreSQL or etcd** when you need tokens that survive anything the store
+//!   survives, or (PostgreSQL) a lease check inside the same transaction as the
+//!   write.
+//!
+//! ## Redlock tokens
+//!
+//! A per-node INCR alone is not monotonic across majorities: nodes A, B may
+//! issue 7 while B, C issue 5 later. So acquire takes two steps. Step one runs the
+//! single-node acquire script on every node; the token is the highest counter
+//! among the nodes that granted it. Step two, on those nodes and while the lease
+//! is held there, raises each node's counter to that token. Any later majority
+//! shares at least one node with this one, whose counter is now >= our token, so
+//! its token is larger. The lease counts as acquired only when a majority
+//! completed both steps within its validity. A node that restarts without its
+//! counters breaks this, as it breaks Redlock's mutual exclusion: keep AOF with
+//! `appendfsync always`, or keep a restarted node out for longer than the
+//! longest TTL.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod keys;
+mod node;
+mod redlock;
+mod scripts;
+mod single;
+
+pub use redlock::{RedlockConfig, RedlockProvider};
+pub use single::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT, RedisConfig, RedisProvider};

@@ -1,0 +1,222 @@
+//! One Redis server: a shared multiplexed connection with auto-reconnect, a
+//! pub/sub subscriber for release announcements, and error mapping.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use lease_api::{LeaseError, Result};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{FromRedisValue, RedisError, Script};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+/// Waiters by key, shared by every subscriber of a provider (Redlock has one
+/// subscriber per node, all feeding one hub).
+#[derive(Default)]
+pub(crate) struct NotifyHub {
+    waiters: Mutex<HashMap<String, Weak<Notify>>>,
+}
+
+impl NotifyHub {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Weak<Notify>>> {
+        self.waiters.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The `Notify` for `key`, shared by all of its current watchers.
+    pub(crate) fn get(&self, key: &str) -> Arc<Notify> {
+        let mut map = self.lock();
+        if let Some(n) = map.get(key).and_then(Weak::upgrade) {
+            return n;
+        }
+        if map.len() >= 64 {
+            map.retain(|_, w| w.strong_count() > 0);
+        }
+        let n = Arc::new(Notify::new());
+        map.insert(key.to_owned(), Arc::downgrade(&n));
+        n
+    }
+
+    fn wake(&self, key: &str) {
+        let n = self.lock().get(key).and_then(Weak::upgrade);
+        if let Some(n) = n {
+            n.notify_waiters();
+        }
+    }
+
+    /// Wakes every waiter: used when a subscription broke and announcements
+    /// may have been missed. Waiters simply try again.
+    fn wake_all(&self) {
+        let all: Vec<_> = self.lock().values().filter_map(Weak::upgrade).collect();
+        for n in all {
+            n.notify_waiters();
+        }
+    }
+}
+
+struct Subscription {
+    task: JoinHandle<()>,
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Timeouts of one node.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Timeouts {
+    pub connect: Duration,
+    pub response: Duration,
+}
+
+pub(crate) struct Node {
+    pub(crate) display: String,
+    client: redis::Client,
+    manager: ConnectionManager,
+    timeouts: Timeouts,
+    subscription: tokio::sync::Mutex<Option<Subscription>>,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("server", &self.display)
+            .finish_non_exhaustive()
+    }
+}
+
+fn describe(url: &str) -> String {
+    // Never show a password: keep scheme, host and port only.
+    match url.split_once("://") {
+        Some((scheme, rest)) => {
+            let host = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+            let host = host.split(['/', '?']).next().unwrap_or(host);
+            format!("{scheme}://{host}")
+        }
+        None => "redis server".into(),
+    }
+}
+
+impl Node {
+    pub(crate) fn new(url: &str, timeouts: Timeouts) -> Result<Self> {
+        let display = describe(url);
+        let client = redis::Client::open(url).map_err(|e| {
+            LeaseError::Config(format!(
+                "invalid Redis URL {display:?} ({e}); expected redis://[:password@]host[:port][/db] or rediss://..."
+            ))
+        })?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeouts.connect))
+            .set_response_timeout(Some(timeouts.response))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(200));
+        let manager =
+            ConnectionManager::new_lazy_with_config(client.clone(), config).map_err(|e| {
+                LeaseError::Config(format!("cannot set up the connection to {display}: {e}"))
+            })?;
+        Ok(Node {
+            display,
+            client,
+            manager,
+            timeouts,
+            subscription: tokio::sync::Mutex::new(None),
+        })
+    }
+
+    pub(crate) fn map_err(&self, e: RedisError) -> LeaseError {
+        if e.is_io_error()
+            || e.is_connection_refusal()
+            || e.is_timeout()
+            || e.is_connection_dropped()
+            || e.is_unrecoverable_error()
+        {
+            LeaseError::unavailable(format!("Redis at {} is unreachable", self.display), e)
+        } else {
+            LeaseError::backend(
+                format!("Redis at {} answered with an error", self.display),
+                e,
+            )
+        }
+    }
+
+    /// Runs one script (EVALSHA, EVAL on first use), bounded by connect +
+    /// response timeouts.
+    pub(crate) async fn eval<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        keys: &[&str],
+        args: &[&str],
+    ) -> Result<T> {
+        let mut invocation = script.prepare_invoke();
+        for k in keys {
+            invocation.key(*k);
+        }
+        for a in args {
+            invocation.arg(*a);
+        }
+        let mut conn = self.manager.clone();
+        let limit = self.timeouts.connect + self.timeouts.response;
+        match tokio::time::timeout(limit, invocation.invoke_async(&mut conn)).await {
+            Ok(r) => r.map_err(|e| self.map_err(e)),
+            Err(_) => Err(LeaseError::Unavailable {
+                message: format!("Redis at {} did not answer within {limit:?}", self.display),
+                source: None,
+            }),
+        }
+    }
+
+    /// Runs one command, bounded like [`Node::eval`].
+    pub(crate) async fn query<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T> {
+        let mut conn = self.manager.clone();
+        let limit = self.timeouts.connect + self.timeouts.response;
+        match tokio::time::timeout(limit, cmd.query_async(&mut conn)).await {
+            Ok(r) => r.map_err(|e| self.map_err(e)),
+            Err(_) => Err(LeaseError::Unavailable {
+                message: format!("Redis at {} did not answer within {limit:?}", self.display),
+                source: None,
+            }),
+        }
+    }
+
+    /// Makes sure this node's release announcements on `channel` reach `hub`.
+    /// Returns once the subscription is confirmed by the server.
+    pub(crate) async fn subscribe(&self, channel: &str, hub: &Arc<NotifyHub>) -> Result<()> {
+        let mut slot = self.subscription.lock().await;
+        if slot.as_ref().is_some_and(|s| !s.task.is_finished()) {
+            return Ok(());
+        }
+        let limit = self.timeouts.connect + self.timeouts.response;
+        let setup = async {
+            let pubsub = self.client.get_async_pubsub().await?;
+            let (mut sink, stream) = pubsub.split();
+            sink.subscribe(channel).await?;
+            Ok::<_, RedisError>((sink, stream))
+        };
+        let (sink, mut stream) = match tokio::time::timeout(limit, setup).await {
+            Ok(r) => r.map_err(|e| self.map_err(e))?,
+            Err(_) => {
+                return Err(LeaseError::Unavailable {
+                    message: format!("subscribing at Redis {} took over {limit:?}", self.display),
+                    source: None,
+                });
+            }
+        };
+        let hub = Arc::clone(hub);
+        let task = tokio::spawn(async move {
+            // The sink must live as long as the subscription.
+            let _sink = sink;
+            while let Some(msg) = stream.next().await {
+                if let Ok(key) = std::str::from_utf8(msg.get_payload_bytes()) {
+                    hub.wake(key);
+                }
+            }
+            // The connection broke: announcements may be lost; let waiters retry.
+            hub.wake_all();
+        });
+        *slot = Some(Subscription { task });
+        Ok(())
+    }
+}

@@ -1,0 +1,399 @@
+//! `RedlockProvider`: leases held by a majority of independent Redis nodes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures_util::future::join_all;
+use lease_api::{
+    Capabilities, DEFAULT_NAMESPACE, ExpiryClock, FencingToken, KeyWatch, Lease, LeaseError,
+    LeaseInfo, LeaseKey, LeaseProvider, NotifyWatch, OwnerId, Result, TokenDurability, TryAcquire,
+    validate_namespace,
+};
+use redis::Value;
+use tokio::time::Instant;
+
+use crate::keys::{encode, redis_keys, release_channel};
+use crate::node::{Node, NotifyHub, Timeouts};
+use crate::scripts::{ACQUIRE, EXTEND, INSPECT, RAISE, RELEASE};
+use crate::single::{
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT, base_capabilities, millis, parse_value,
+};
+
+/// How to reach the independent Redis nodes of a Redlock.
+#[derive(Clone, Debug)]
+pub struct RedlockConfig {
+    /// One URL per node; at least 3, best an odd number. The nodes must be
+    /// independent servers (not replicas of each other).
+    pub urls: Vec<String>,
+    /// The namespace; providers in different namespaces never see each other.
+    pub namespace: String,
+    /// How long to wait for a TCP connection to one node.
+    pub connect_timeout: Duration,
+    /// How long to wait for one node's answer. Keep it well below the TTLs you
+    /// use: a slow node only delays the round until this timeout.
+    pub response_timeout: Duration,
+}
+
+impl RedlockConfig {
+    /// A configuration for `urls` with the default namespace and timeouts.
+    pub fn new<I, S>(urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        RedlockConfig {
+            urls: urls.into_iter().map(Into::into).collect(),
+            namespace: DEFAULT_NAMESPACE.into(),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            response_timeout: DEFAULT_RESPONSE_TIMEOUT,
+        }
+    }
+
+    /// Sets the namespace.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = namespace.into();
+        self
+    }
+
+    /// Sets both timeouts.
+    pub fn timeouts(mut self, connect: Duration, response: Duration) -> Self {
+        self.connect_timeout = connect;
+        self.response_timeout = response;
+        self
+    }
+}
+
+struct Inner {
+    nodes: Vec<Node>,
+    quorum: usize,
+    namespace: String,
+    ns_encoded: String,
+    channel: String,
+    hub: Arc<NotifyHub>,
+    caps: Capabilities,
+}
+
+/// Leases held by a majority of N independent Redis nodes (Redlock).
+///
+/// Every operation is one parallel round to all nodes (acquire adds a second
+/// round on the winning majority to raise their fence counters, see the crate
+/// docs). A minority of nodes down or slow does not stop it.
+#[derive(Clone)]
+pub struct RedlockProvider {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for RedlockProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let nodes: Vec<_> = self
+            .inner
+            .nodes
+            .iter()
+            .map(|n| n.display.as_str())
+            .collect();
+        f.debug_struct("RedlockProvider")
+            .field("nodes", &nodes)
+            .field("namespace", &self.inner.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What one node said.
+enum Reply<T> {
+    Yes(T),
+    No(Option<i64>),
+    Down(LeaseError),
+}
+
+impl RedlockProvider {
+    /// Sets up a provider; nodes are connected on first use.
+    ///
+    /// # Errors
+    /// [`LeaseError::Config`] for fewer than 3 nodes, a malformed URL or namespace.
+    pub fn new(config: RedlockConfig) -> Result<Self> {
+        validate_namespace(&config.namespace)?;
+        if config.urls.len() < 3 {
+            return Err(LeaseError::Config(format!(
+                "Redlock needs at least 3 independent Redis nodes, got {}",
+                config.urls.len()
+            )));
+        }
+        let timeouts = Timeouts {
+            connect: config.connect_timeout,
+            response: config.response_timeout,
+        };
+        let nodes = config
+            .urls
+            .iter()
+            .map(|u| Node::new(u, timeouts))
+            .collect::<Result<Vec<_>>>()?;
+        let ns_encoded = encode(&config.namespace);
+        let caps = Capabilities {
+            durable_tokens: TokenDurability::Volatile(
+                "Redlock tokens survive restarts only if the restarted node kept its counters (AOF with appendfsync always) \
+                 or stays down longer than the longest TTL"
+                    .into(),
+            ),
+            ..base_capabilities("redlock", ExpiryClock::QuorumOfServers)
+        };
+        Ok(RedlockProvider {
+            inner: Arc::new(Inner {
+                quorum: nodes.len() / 2 + 1,
+                nodes,
+                channel: release_channel(&ns_encoded),
+                ns_encoded,
+                namespace: config.namespace,
+                hub: Arc::default(),
+                caps,
+            }),
+        })
+    }
+
+    /// How many nodes must agree.
+    pub fn quorum(&self) -> usize {
+        self.inner.quorum
+    }
+
+    fn keys(&self, key: &LeaseKey) -> (String, String) {
+        redis_keys(&self.inner.ns_encoded, key.as_str())
+    }
+
+    /// Runs one script-building closure on every node in parallel.
+    async fn round<'a, T, F, Fut>(&'a self, f: F) -> Vec<Result<T>>
+    where
+        F: Fn(&'a Node) -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        join_all(self.inner.nodes.iter().map(f)).await
+    }
+
+    async fn release_everywhere(
+        &self,
+        lease_key: &str,
+        owner: OwnerId,
+        key: &LeaseKey,
+    ) -> Vec<Result<i64>> {
+        let owner = owner.to_hex();
+        let keys = [lease_key];
+        let args = [owner.as_str(), self.inner.channel.as_str(), key.as_str()];
+        self.round(|n| n.eval(&RELEASE, &keys, &args)).await
+    }
+
+    fn unavailable(&self, errors: Vec<LeaseError>) -> LeaseError {
+        let n = self.inner.nodes.len();
+        let first = errors.into_iter().next();
+        LeaseError::Unavailable {
+            message: format!(
+                "no majority of the {n} Redlock nodes could be reached (need {})",
+                self.inner.quorum
+            ),
+            source: first.map(|e| Box::new(e) as _),
+        }
+    }
+
+    fn classify(results: Vec<Result<i64>>) -> (usize, usize, Vec<LeaseError>) {
+        let (mut yes, mut no, mut errors) = (0, 0, Vec::new());
+        for r in results {
+            match r {
+                Ok(1) => yes += 1,
+                Ok(_) => no += 1,
+                Err(e) => errors.push(e),
+            }
+        }
+        (yes, no, errors)
+    }
+}
+
+#[async_trait]
+impl LeaseProvider for RedlockProvider {
+    fn capabilities(&self) -> &Capabilities {
+        &self.inner.caps
+    }
+
+    fn namespace(&self) -> &str {
+        &self.inner.namespace
+    }
+
+    async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
+        let ttl = self.inner.caps.grant_ttl(ttl)?;
+        let (lease_key, fence_key) = self.keys(key);
+        let owner = OwnerId::random();
+        let owner_hex = owner.to_hex();
+        let ttl_ms = millis(ttl).to_string();
+        let keys = [lease_key.as_str(), fence_key.as_str()];
+        let args = [owner_hex.as_str(), ttl_ms.as_str()];
+        let sent_at = Instant::now();
+        let replies: Vec<Reply<u64>> = self
+            .round(|n| n.eval::<(i64, i64)>(&ACQUIRE, &keys, &args))
+            .await
+            .into_iter()
+            .map(|r| match r {
+                Ok((1, token)) => Reply::Yes(u64::try_from(token).unwrap_or(0)),
+                Ok((_, pttl)) => Reply::No(Some(pttl)),
+                Err(e) => Reply::Down(e),
+            })
+            .collect();
+        let won: Vec<(usize, u64)> = replies
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| match r {
+                Reply::Yes(t) => Some((i, *t)),
+                _ => None,
+            })
+            .collect();
+        let lease = Lease::new(key.clone(), FencingToken(0), owner, ttl, sent_at);
+        if won.len() >= self.inner.quorum && Instant::now() < lease.valid_until() {
+            // Step two: the token is the highest counter of the majority, and
+            // every node of that majority raises its counter to it while we
+            // hold the lease there, so any later majority (which shares a node
+            // with this one) issues a larger token.
+            let token = won.iter().map(|(_, t)| *t).max().unwrap_or(0);
+            let token_arg = token.to_string();
+            let raise_args = [owner_hex.as_str(), token_arg.as_str()];
+            let raised = join_all(
+                won.iter()
+                    .map(|(i, _)| self.inner.nodes[*i].eval::<i64>(&RAISE, &keys, &raise_args)),
+            )
+            .await
+            .into_iter()
+            .filter(|r| matches!(r, Ok(1)))
+            .count();
+            let lease = Lease::new(key.clone(), FencingToken(token), owner, ttl, sent_at);
+            if raised >= self.inner.quorum && Instant::now() < lease.valid_until() {
+                return Ok(TryAcquire::Acquired(lease));
+            }
+        }
+        // Lost the race, or too slow: undo wherever we got it.
+        if !won.is_empty() {
+            let _ = self.release_everywhere(&lease_key, owner, key).await;
+        }
+        let mut down = Vec::new();
+        let mut remaining: Option<Duration> = None;
+        for r in replies {
+            match r {
+                Reply::Down(e) => down.push(e),
+                Reply::No(Some(pttl)) if pttl >= 0 => {
+                    let d = Duration::from_millis(pttl.unsigned_abs());
+                    remaining = Some(remaining.map_or(d, |r| r.min(d)));
+                }
+                _ => {}
+            }
+        }
+        if down.len() > self.inner.nodes.len() - self.inner.quorum {
+            return Err(self.unavailable(down));
+        }
+        Ok(TryAcquire::Held { remaining })
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        let ttl = self.inner.caps.grant_ttl(ttl)?;
+        let (lease_key, _) = self.keys(lease.key());
+        let owner_hex = lease.owner().to_hex();
+        let ttl_ms = millis(ttl).to_string();
+        let keys = [lease_key.as_str()];
+        let args = [owner_hex.as_str(), ttl_ms.as_str()];
+        let sent_at = Instant::now();
+        let results = self.round(|n| n.eval::<i64>(&EXTEND, &keys, &args)).await;
+        let (yes, _no, errors) = Self::classify(results);
+        let renewed = Lease::new(
+            lease.key().clone(),
+            lease.token(),
+            lease.owner(),
+            ttl,
+            sent_at,
+        );
+        if yes >= self.inner.quorum && Instant::now() < renewed.valid_until() {
+            return Ok(renewed);
+        }
+        if yes + errors.len() >= self.inner.quorum && !errors.is_empty() {
+            // A majority may still hold it; we just cannot tell.
+            return Err(self.unavailable(errors));
+        }
+        Err(LeaseError::Lost {
+            key: lease.key().clone(),
+            token: lease.token(),
+        })
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        let (lease_key, _) = self.keys(lease.key());
+        let results = self
+            .release_everywhere(&lease_key, lease.owner(), lease.key())
+            .await;
+        let (yes, _no, errors) = Self::classify(results);
+        if yes >= self.inner.quorum {
+            return Ok(());
+        }
+        if yes + errors.len() >= self.inner.quorum && !errors.is_empty() {
+            return Err(self.unavailable(errors));
+        }
+        Err(LeaseError::NotHeld {
+            key: lease.key().clone(),
+            token: lease.token(),
+        })
+    }
+
+    async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>> {
+        let (lease_key, _) = self.keys(key);
+        let keys = [lease_key.as_str()];
+        let results = self.round(|n| n.eval::<Value>(&INSPECT, &keys, &[])).await;
+        let mut held: Vec<(OwnerId, FencingToken, Duration)> = Vec::new();
+        let mut errors = Vec::new();
+        for r in results {
+            match r {
+                Ok(Value::Array(items)) => {
+                    if let [Value::BulkString(v), Value::Int(pttl)] = items.as_slice()
+                        && let Some((owner, token)) =
+                            std::str::from_utf8(v).ok().and_then(parse_value)
+                    {
+                        held.push((
+                            owner,
+                            token,
+                            Duration::from_millis(u64::try_from(*pttl).unwrap_or(0)),
+                        ));
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => errors.push(e),
+            }
+        }
+        if errors.len() > self.inner.nodes.len() - self.inner.quorum {
+            return Err(self.unavailable(errors));
+        }
+        for (owner, _, _) in &held {
+            let mut same: Vec<_> = held.iter().filter(|(o, _, _)| o == owner).collect();
+            if same.len() >= self.inner.quorum {
+                // The lease ends when fewer than a majority still hold it.
+                same.sort_by_key(|s| std::cmp::Reverse(s.2));
+                let remaining = same[self.inner.quorum - 1].2;
+                let token = same
+                    .iter()
+                    .map(|(_, t, _)| *t)
+                    .max()
+                    .unwrap_or(FencingToken(0));
+                return Ok(Some(LeaseInfo {
+                    token,
+                    remaining,
+                    owner: Some(*owner),
+                }));
+            }
+        }
+        Ok(None)
+    }
+
+    async fn watch(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {
+        let subscribed = join_all(
+            self.inner
+                .nodes
+                .iter()
+                .map(|n| n.subscribe(&self.inner.channel, &self.inner.hub)),
+        )
+        .await;
+        let (ok, errors): (Vec<_>, Vec<_>) = subscribed.into_iter().partition(Result::is_ok);
+        if ok.is_empty() {
+            return Err(self.unavailable(errors.into_iter().filter_map(Result::err).collect()));
+        }
+        Ok(Box::new(NotifyWatch::new(self.inner.hub.get(key.as_str()))))
+    }
+}

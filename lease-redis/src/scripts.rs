@@ -1,0 +1,86 @@
+//! The Lua scripts: each operation is one script, so one round trip.
+//!
+//! The stored value is `<owner hex>:<token>`. Owner ids are fresh random 128-bit
+//! values per lease, so comparing the owner prefix identifies the exact lease.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// KEYS: lease, fence. ARGV: owner, ttl ms.
+/// Returns {1, token} when acquired, {0, pttl} when held.
+pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl ~= -2 then
+  return {0, pttl}
+end
+local token = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], ARGV[1] .. ':' .. token, 'PX', ARGV[2])
+return {1, token}
+",
+    )
+});
+
+/// KEYS: lease. ARGV: owner, ttl ms. Returns 1 if extended.
+pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, 33) == ARGV[1] .. ':' then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+",
+    )
+});
+
+/// KEYS: lease. ARGV: owner, channel, key. Deletes and announces; 1 if released.
+pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, 33) == ARGV[1] .. ':' then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], ARGV[3])
+  return 1
+end
+return 0
+",
+    )
+});
+
+/// KEYS: lease. Returns {value, pttl} or nil.
+pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local v = redis.call('GET', KEYS[1])
+if not v then
+  return nil
+end
+return {v, redis.call('PTTL', KEYS[1])}
+",
+    )
+});
+
+/// Redlock's second step. KEYS: lease, fence. ARGV: owner, token.
+/// While `owner` holds the lease on this node, raise the fence counter to at
+/// least `token` and record the token in the value. Returns 1 if done.
+pub(crate) static RAISE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, 33) == ARGV[1] .. ':' then
+  local c = tonumber(redis.call('GET', KEYS[2]) or '0')
+  if c < tonumber(ARGV[2]) then
+    redis.call('SET', KEYS[2], ARGV[2])
+  end
+  redis.call('SET', KEYS[1], ARGV[1] .. ':' .. ARGV[2], 'KEEPTTL')
+  return 1
+end
+return 0
+",
+    )
+});

@@ -1,0 +1,362 @@
+//! `RedisProvider`: leases on one Redis server.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lease_api::{
+    Capabilities, DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, ExpiryClock, FencingToken, KeyWatch, Lease,
+    LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Notifications, NotifyWatch, OwnerId, Result,
+    TokenDurability, TryAcquire, validate_namespace,
+};
+use redis::Value;
+use tokio::time::Instant;
+
+use crate::keys::{encode, redis_keys, release_channel};
+use crate::node::{Node, NotifyHub, Timeouts};
+use crate::scripts::{ACQUIRE, EXTEND, INSPECT, RELEASE};
+
+/// The default connect timeout.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// The default response timeout.
+pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How to reach one Redis server.
+#[derive(Clone, Debug)]
+pub struct RedisConfig {
+    /// `redis://[user:password@]host[:port][/db]` (or `rediss://` with the
+    /// redis crate's TLS features enabled).
+    pub url: String,
+    /// The namespace; providers in different namespaces never see each other.
+    pub namespace: String,
+    /// How long to wait for a TCP connection.
+    pub connect_timeout: Duration,
+    /// How long to wait for an answer.
+    pub response_timeout: Duration,
+}
+
+impl RedisConfig {
+    /// A configuration for `url` with the default namespace and timeouts.
+    pub fn new(url: impl Into<String>) -> Self {
+        RedisConfig {
+            url: url.into(),
+            namespace: DEFAULT_NAMESPACE.into(),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            response_timeout: DEFAULT_RESPONSE_TIMEOUT,
+        }
+    }
+
+    /// Sets the namespace.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = namespace.into();
+        self
+    }
+
+    /// Sets both timeouts.
+    pub fn timeouts(mut self, connect: Duration, response: Duration) -> Self {
+        self.connect_timeout = connect;
+        self.response_timeout = response;
+        self
+    }
+}
+
+pub(crate) fn base_capabilities(backend: &'static str, clock: ExpiryClock) -> Capabilities {
+    Capabilities {
+        backend,
+        min_ttl: Duration::from_millis(10),
+        max_ttl: DEFAULT_MAX_TTL,
+        ttl_granularity: Duration::from_millis(1),
+        // Redis expires keys lazily on access (exactly at the deadline) and
+        // actively every 100 ms; a script sees a key as gone once its PTTL ran out.
+        expiry_slack: Duration::from_millis(5),
+        durable_tokens: TokenDurability::Unknown(
+            "not yet probed: tokens survive restarts only with AOF and appendfsync always".into(),
+        ),
+        notifications: Notifications::Native("Redis pub/sub"),
+        expiry_clock: clock,
+    }
+}
+
+/// Reads `appendonly` and `appendfsync` to say whether fence counters survive
+/// a restart.
+pub(crate) async fn probe_durability(node: &Node) -> TokenDurability {
+    let get = |name: &'static str| {
+        let mut cmd = redis::cmd("CONFIG");
+        cmd.arg("GET").arg(name);
+        cmd
+    };
+    let aof: Result<Vec<String>> = node.query(&get("appendonly")).await;
+    let fsync: Result<Vec<String>> = node.query(&get("appendfsync")).await;
+    match (aof, fsync) {
+        (Ok(a), Ok(f)) if a.get(1).map(String::as_str) == Some("yes") => {
+            if f.get(1).map(String::as_str) == Some("always") {
+                TokenDurability::Durable(format!(
+                    "{}: AOF with appendfsync always writes every counter increment to disk before replying",
+                    node.display
+                ))
+            } else {
+                TokenDurability::Volatile(format!(
+                    "{}: AOF with appendfsync {}: a clean restart keeps tokens, a crash can lose the last increments and reissue tokens",
+                    node.display,
+                    f.get(1).map_or("?", String::as_str)
+                ))
+            }
+        }
+        (Ok(_), Ok(_)) => TokenDurability::Volatile(format!(
+            "{}: AOF is off; a restart loses the fence counters and tokens start again",
+            node.display
+        )),
+        _ => TokenDurability::Unknown(format!(
+            "{}: CONFIG GET is not allowed; tokens survive restarts only with AOF and appendfsync always",
+            node.display
+        )),
+    }
+}
+
+struct Inner {
+    node: Node,
+    namespace: String,
+    ns_encoded: String,
+    channel: String,
+    hub: Arc<NotifyHub>,
+    base: Capabilities,
+    probed: OnceLock<Capabilities>,
+    probe_started: AtomicBool,
+}
+
+/// Leases on one Redis server.
+///
+/// Acquire, extend, release and inspect are each one Lua script (one round trip,
+/// EVALSHA after the first call). All clones share one multiplexed connection that
+/// reconnects by itself, and one pub/sub connection for waiters (opened on the
+/// first wait). See the crate docs for the key layout and guarantees.
+#[derive(Clone)]
+pub struct RedisProvider {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for RedisProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisProvider")
+            .field("server", &self.inner.node.display)
+            .field("namespace", &self.inner.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisProvider {
+    /// Sets up a provider. Connecting happens on first use, so this does not
+    /// fail when the server is down; operations then return `Unavailable`.
+    ///
+    /// # Errors
+    /// [`LeaseError::Config`] for a malformed URL or namespace.
+    pub fn new(config: RedisConfig) -> Result<Self> {
+        validate_namespace(&config.namespace)?;
+        let node = Node::new(
+            &config.url,
+            Timeouts {
+                connect: config.connect_timeout,
+                response: config.response_timeout,
+            },
+        )?;
+        let ns_encoded = encode(&config.namespace);
+        Ok(RedisProvider {
+            inner: Arc::new(Inner {
+                node,
+                channel: release_channel(&ns_encoded),
+                ns_encoded,
+                namespace: config.namespace,
+                hub: Arc::default(),
+                base: base_capabilities("redis", ExpiryClock::StoreServer),
+                probed: OnceLock::new(),
+                probe_started: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// A provider for `url` with the default namespace and timeouts.
+    ///
+    /// # Errors
+    /// [`LeaseError::Config`] for a malformed URL.
+    pub fn from_url(url: &str) -> Result<Self> {
+        Self::new(RedisConfig::new(url))
+    }
+
+    /// Asks the server whether tokens survive restarts and returns the
+    /// capabilities with that answer (also what [`capabilities`](LeaseProvider::capabilities)
+    /// reports from then on). Happens by itself in the background on first use.
+    ///
+    /// # Errors
+    /// `Unavailable` when the server cannot be reached.
+    pub async fn probe(&self) -> Result<Capabilities> {
+        let _: String = self.inner.node.query(&redis::cmd("PING")).await?;
+        let durable_tokens = probe_durability(&self.inner.node).await;
+        let caps = Capabilities {
+            durable_tokens,
+            ..self.inner.base.clone()
+        };
+        let _ = self.inner.probed.set(caps.clone());
+        Ok(caps)
+    }
+
+    fn start_probe(&self) {
+        if self.inner.probed.get().is_none()
+            && !self.inner.probe_started.swap(true, Ordering::SeqCst)
+        {
+            let this = self.clone();
+            tokio::spawn(async move {
+                if this.probe().await.is_err() {
+                    this.inner.probe_started.store(false, Ordering::SeqCst);
+                }
+            });
+        }
+    }
+
+    fn keys(&self, key: &LeaseKey) -> (String, String) {
+        redis_keys(&self.inner.ns_encoded, key.as_str())
+    }
+}
+
+pub(crate) fn millis(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)
+}
+
+pub(crate) fn parse_value(v: &str) -> Option<(OwnerId, FencingToken)> {
+    let (owner, token) = v.split_once(':')?;
+    Some((OwnerId::from_hex(owner)?, FencingToken(token.parse().ok()?)))
+}
+
+pub(crate) fn unexpected(what: &str, v: &Value) -> LeaseError {
+    LeaseError::protocol(format!("unexpected answer to {what}: {v:?}"))
+}
+
+#[async_trait]
+impl LeaseProvider for RedisProvider {
+    fn capabilities(&self) -> &Capabilities {
+        self.inner.probed.get().unwrap_or(&self.inner.base)
+    }
+
+    fn namespace(&self) -> &str {
+        &self.inner.namespace
+    }
+
+    async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
+        let ttl = self.capabilities().grant_ttl(ttl)?;
+        self.start_probe();
+        let (lease_key, fence_key) = self.keys(key);
+        let owner = OwnerId::random();
+        let sent_at = Instant::now();
+        let (won, n): (i64, i64) = self
+            .inner
+            .node
+            .eval(
+                &ACQUIRE,
+                &[&lease_key, &fence_key],
+                &[&owner.to_hex(), &millis(ttl).to_string()],
+            )
+            .await?;
+        if won == 1 {
+            let token = u64::try_from(n)
+                .map_err(|_| LeaseError::protocol(format!("negative token {n}")))?;
+            Ok(TryAcquire::Acquired(Lease::new(
+                key.clone(),
+                FencingToken(token),
+                owner,
+                ttl,
+                sent_at,
+            )))
+        } else {
+            let remaining = u64::try_from(n).ok().map(Duration::from_millis);
+            Ok(TryAcquire::Held { remaining })
+        }
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        let ttl = self.capabilities().grant_ttl(ttl)?;
+        let (lease_key, _) = self.keys(lease.key());
+        let sent_at = Instant::now();
+        let done: i64 = self
+            .inner
+            .node
+            .eval(
+                &EXTEND,
+                &[&lease_key],
+                &[&lease.owner().to_hex(), &millis(ttl).to_string()],
+            )
+            .await?;
+        if done == 1 {
+            Ok(Lease::new(
+                lease.key().clone(),
+                lease.token(),
+                lease.owner(),
+                ttl,
+                sent_at,
+            ))
+        } else {
+            Err(LeaseError::Lost {
+                key: lease.key().clone(),
+                token: lease.token(),
+            })
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        let (lease_key, _) = self.keys(lease.key());
+        let done: i64 = self
+            .inner
+            .node
+            .eval(
+                &RELEASE,
+                &[&lease_key],
+                &[
+                    &lease.owner().to_hex(),
+                    &self.inner.channel,
+                    lease.key().as_str(),
+                ],
+            )
+            .await?;
+        if done == 1 {
+            Ok(())
+        } else {
+            Err(LeaseError::NotHeld {
+                key: lease.key().clone(),
+                token: lease.token(),
+            })
+        }
+    }
+
+    async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>> {
+        let (lease_key, _) = self.keys(key);
+        let v: Value = self.inner.node.eval(&INSPECT, &[&lease_key], &[]).await?;
+        match v {
+            Value::Nil => Ok(None),
+            Value::Array(items) => match items.as_slice() {
+                [value, Value::Int(pttl)] => {
+                    let value: String = redis::from_redis_value_ref(value)
+                        .map_err(|_| unexpected("inspect", value))?;
+                    let (owner, token) = parse_value(&value).ok_or_else(|| {
+                        LeaseError::protocol(format!("malformed lease value {value:?}"))
+                    })?;
+                    Ok(Some(LeaseInfo {
+                        token,
+                        remaining: Duration::from_millis(u64::try_from(*pttl).unwrap_or(0)),
+                        owner: Some(owner),
+                    }))
+                }
+                _ => Err(LeaseError::protocol(format!(
+                    "unexpected answer to inspect: {items:?}"
+                ))),
+            },
+            other => Err(unexpected("inspect", &other)),
+        }
+    }
+
+    async fn watch(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {
+        self.inner
+            .node
+            .subscribe(&self.inner.channel, &self.inner.hub)
+            .await?;
+        Ok(Box::new(NotifyWatch::new(self.inner.hub.get(key.as_str()))))
+    }
+}

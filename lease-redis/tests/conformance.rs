@@ -1,0 +1,72 @@
+//! The whole conformance suite against one real Redis and against three
+//! independent Redis nodes (Redlock), from `scripts/stores`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lease_api::{LeaseError, LeaseProvider};
+use lease_conformance::{ProviderFactory, conformance_tests};
+use lease_redis::{RedisConfig, RedisProvider, RedlockConfig, RedlockProvider};
+use lease_testkit::store_url;
+
+/// A loopback port nothing listens on.
+const DOWN_URL: &str = "redis://127.0.0.1:1";
+
+struct RedisFactory(String);
+
+impl RedisFactory {
+    fn new() -> Self {
+        RedisFactory(store_url("LEASE_TEST_REDIS_URL"))
+    }
+}
+
+#[async_trait]
+impl ProviderFactory for RedisFactory {
+    async fn provider(&self, namespace: &str) -> Result<Arc<dyn LeaseProvider>, LeaseError> {
+        Ok(Arc::new(RedisProvider::new(
+            RedisConfig::new(&self.0).namespace(namespace),
+        )?))
+    }
+
+    async fn unreachable(&self) -> Result<Arc<dyn LeaseProvider>, LeaseError> {
+        let config = RedisConfig::new(DOWN_URL)
+            .timeouts(Duration::from_millis(500), Duration::from_millis(500));
+        Ok(Arc::new(RedisProvider::new(config)?))
+    }
+
+    fn unavailable_within(&self) -> Duration {
+        Duration::from_secs(2)
+    }
+}
+
+struct RedlockFactory(Vec<String>);
+
+impl RedlockFactory {
+    fn new() -> Self {
+        let urls = store_url("LEASE_TEST_REDLOCK_URLS");
+        RedlockFactory(urls.split(',').map(str::to_owned).collect())
+    }
+}
+
+#[async_trait]
+impl ProviderFactory for RedlockFactory {
+    async fn provider(&self, namespace: &str) -> Result<Arc<dyn LeaseProvider>, LeaseError> {
+        Ok(Arc::new(RedlockProvider::new(
+            RedlockConfig::new(self.0.clone()).namespace(namespace),
+        )?))
+    }
+
+    async fn unreachable(&self) -> Result<Arc<dyn LeaseProvider>, LeaseError> {
+        let config = RedlockConfig::new([DOWN_URL, "redis://127.0.0.1:2", "redis://127.0.0.1:3"])
+            .timeouts(Duration::from_millis(500), Duration::from_millis(500));
+        Ok(Arc::new(RedlockProvider::new(config)?))
+    }
+
+    fn unavailable_within(&self) -> Duration {
+        Duration::from_secs(2)
+    }
+}
+
+conformance_tests!(redis_conformance, RedisFactory::new());
+conformance_tests!(redlock_conformance, RedlockFactory::new());

@@ -1,0 +1,238 @@
+//! Test support for the `lease` adapters.
+//!
+//! - [`store_url`]: the address of a shared store started by `scripts/stores up`,
+//!   read from a `LEASE_TEST_*` variable. An unset variable FAILS the test with a
+//!   message that says how to start the stores; it never skips.
+//! - [`OwnedProcess`]: a private store process on a free loopback port that a test
+//!   may stop, restart and kill without touching other tests' servers.
+//!
+//! ```
+//! let port = lease_testkit::free_port();
+//! assert!(port > 0);
+//! ```
+
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How to start the shared stores, for failure messages.
+pub const HOW_TO_START: &str = "start the stores with `scripts/stores up && eval \"$(scripts/stores env)\"`, \
+or run the whole suite with `scripts/test`";
+
+/// The value of `var` (e.g. `LEASE_TEST_REDIS_URL`).
+///
+/// # Panics
+/// When `var` is unset: a test that needs a store must fail loudly, not skip.
+pub fn store_url(var: &str) -> String {
+    match std::env::var(var) {
+        Ok(v) if !v.is_empty() => v,
+        _ => panic!("{var} is not set: this test needs a real store; {HOW_TO_START}"),
+    }
+}
+
+/// A free TCP port on 127.0.0.1.
+///
+/// # Panics
+/// If no port can be bound.
+pub fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+    l.local_addr().expect("local address").port()
+}
+
+/// A fresh temporary directory, removed when the owner drops it.
+#[derive(Debug)]
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    /// Creates it.
+    ///
+    /// # Panics
+    /// If the directory cannot be created.
+    pub fn new(prefix: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("{prefix}-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&p).expect("create temp dir");
+        TempDir(p)
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A store process owned by one test: started by [`OwnedProcess::start`], stopped
+/// on drop. `stop` and `start_again` let a test take the store down and bring it
+/// back on the same port with the same data.
+#[derive(Debug)]
+pub struct OwnedProcess {
+    name: String,
+    program: PathBuf,
+    args: Vec<String>,
+    port: u16,
+    log: PathBuf,
+    child: Option<Child>,
+    /// Kept alive for the process's data.
+    pub dir: TempDir,
+}
+
+impl OwnedProcess {
+    /// Starts `program args...` (which must listen on `port`) and waits until
+    /// the port accepts connections.
+    ///
+    /// # Panics
+    /// If the program cannot be started or never listens: the message names it
+    /// and shows the end of its log.
+    pub fn start(
+        name: &str,
+        program: impl Into<PathBuf>,
+        args: Vec<String>,
+        port: u16,
+        dir: TempDir,
+    ) -> Self {
+        let log = dir.path().join(format!("{name}.log"));
+        let mut p = OwnedProcess {
+            name: name.into(),
+            program: program.into(),
+            args,
+            port,
+            log,
+            child: None,
+            dir,
+        };
+        p.start_again();
+        p
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Starts the process again after [`stop`](Self::stop) (same port, same data).
+    ///
+    /// # Panics
+    /// As [`start`](Self::start).
+    pub fn start_again(&mut self) {
+        assert!(self.child.is_none(), "{} is already running", self.name);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("open log");
+        let child = Command::new(&self.program)
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log handle"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot start {} ({:?}): {e}; {HOW_TO_START}",
+                    self.name, self.program
+                )
+            });
+        self.child = Some(child);
+        self.wait_listening(Duration::from_secs(60));
+    }
+
+    fn wait_listening(&mut self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return;
+            }
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                panic!(
+                    "{} exited with {status} during start-up:\n{}",
+                    self.name,
+                    self.log_tail()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} did not listen on {} within {limit:?}:\n{}",
+                self.name,
+                self.port,
+                self.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The last lines of the process's log.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    /// Stops the process with SIGTERM (a clean shutdown) and waits for it.
+    pub fn stop(&mut self) {
+        self.signal("TERM");
+    }
+
+    /// Kills the process with SIGKILL (a crash) and waits for it.
+    pub fn kill(&mut self) {
+        self.signal("KILL");
+    }
+
+    fn signal(&mut self, sig: &str) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill")
+                .arg(format!("-{sig}"))
+                .arg(child.id().to_string())
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for OwnedProcess {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A private `redis-server` on a free port. `durable` turns on AOF with
+/// `appendfsync always`; otherwise persistence is off.
+pub fn owned_redis(durable: bool) -> OwnedProcess {
+    let port = free_port();
+    let dir = TempDir::new("lease-redis");
+    let mut args: Vec<String> = [
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--dir",
+        &dir.path().display().to_string(),
+        "--save",
+        "",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    if durable {
+        args.extend(["--appendonly", "yes", "--appendfsync", "always"].map(String::from));
+    } else {
+        args.extend(["--appendonly", "no"].map(String::from));
+    }
+    OwnedProcess::start("redis-server", "redis-server", args, port, dir)
+}
