@@ -136,8 +136,12 @@ pub const MAX_BLIND_WAIT: Duration = Duration::from_secs(5);
 /// dropped while an attempt is in flight and that attempt wins, the lease is
 /// released at once, so a dropped waiter never leaks a lease.
 ///
+/// While waiting, a store that is briefly unavailable is retried (with backoff)
+/// until the wait runs out; then its error is returned.
+///
 /// # Errors
-/// Whatever `try_acquire` or `watch` returns (invalid key or TTL, store down).
+/// Invalid TTL at once; `Unavailable`/`Timeout` when the store could not be
+/// reached before the wait ran out (at once when `wait` is zero).
 pub async fn acquire<P>(
     provider: &Arc<P>,
     key: &LeaseKey,
@@ -148,27 +152,53 @@ where
     P: LeaseProvider + ?Sized + 'static,
 {
     let deadline = Instant::now() + wait;
+    let mut backoff = Duration::from_millis(50);
     loop {
-        let mut watch = if wait.is_zero() {
-            None
-        } else {
-            Some(provider.watch(key).await?)
+        let error = match attempt(provider, key, ttl, wait.is_zero()).await {
+            Ok((TryAcquire::Acquired(lease), _)) => return Ok(Some(lease)),
+            Ok((TryAcquire::Held { remaining }, watch)) => {
+                backoff = Duration::from_millis(50);
+                let now = Instant::now();
+                let Some(mut watch) = watch.filter(|_| now < deadline) else {
+                    return Ok(None);
+                };
+                // Wake on the store's notification, or when the holder's lease
+                // would end, or at the deadline, whichever comes first.
+                let until_expiry = remaining
+                    .map(|r| r + Duration::from_millis(1))
+                    .unwrap_or(MAX_BLIND_WAIT);
+                watch.changed(until_expiry.min(deadline - now)).await;
+                continue;
+            }
+            Err(e) => e,
         };
-        let remaining = match cancel_safe_try_acquire(provider, key, ttl).await? {
-            TryAcquire::Acquired(lease) => return Ok(Some(lease)),
-            TryAcquire::Held { remaining } => remaining,
-        };
+        // A store blip while waiting: retry until the wait runs out, then report it.
         let now = Instant::now();
-        let Some(watch) = watch.as_mut().filter(|_| now < deadline) else {
-            return Ok(None);
-        };
-        // Wake on the store's notification, or when the holder's lease would
-        // end, or at the deadline, whichever comes first.
-        let until_expiry = remaining
-            .map(|r| r + Duration::from_millis(1))
-            .unwrap_or(MAX_BLIND_WAIT);
-        watch.changed(until_expiry.min(deadline - now)).await;
+        if !error.is_transient() || now + backoff >= deadline {
+            return Err(error);
+        }
+        tracing::debug!(key = %key, error = %error, "store unavailable while waiting; retrying");
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(1));
     }
+}
+
+/// One round: register a watch (unless not waiting), then try.
+async fn attempt<P>(
+    provider: &Arc<P>,
+    key: &LeaseKey,
+    ttl: Duration,
+    no_wait: bool,
+) -> Result<(TryAcquire, Option<Box<dyn KeyWatch>>)>
+where
+    P: LeaseProvider + ?Sized + 'static,
+{
+    let watch = if no_wait {
+        None
+    } else {
+        Some(provider.watch(key).await?)
+    };
+    Ok((cancel_safe_try_acquire(provider, key, ttl).await?, watch))
 }
 
 async fn cancel_safe_try_acquire<P>(

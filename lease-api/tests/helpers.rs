@@ -407,3 +407,31 @@ async fn stale_holder_cannot_touch_the_next_holder() {
         Err(LeaseError::NotHeld { .. })
     ));
 }
+
+#[tokio::test(start_paused = true)]
+async fn waiting_rides_out_a_store_blip_but_no_wait_reports_it() {
+    let provider = Arc::new(MemoryProvider::new());
+    let k = key("blip-wait");
+    provider.store().set_down(true);
+    let err = acquire(&provider, &k, TTL, Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LeaseError::Unavailable { .. }), "{err}");
+    let p = Arc::clone(&provider);
+    let k2 = k.clone();
+    let waiter = tokio::spawn(async move { acquire(&p, &k2, TTL, Duration::from_secs(10)).await });
+    sleep(Duration::from_secs(2)).await;
+    provider.store().set_down(false);
+    let lease = waiter
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("acquired once the store came back");
+    assert!(Instant::now() < lease.sent_at() + Duration::from_secs(2));
+    // A wait that ends during the outage reports the outage, not "held".
+    provider.store().set_down(true);
+    let err = acquire(&provider, &key("other"), TTL, Duration::from_secs(1))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LeaseError::Unavailable { .. }), "{err}");
+}

@@ -1,0 +1,301 @@
+//! Redis-specific behaviour on private servers the tests own (restart, outage,
+//! reconnect, Redlock with nodes down) and on the shared ones.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lease_api::{LeaseError, LeaseKey, LeaseProvider, TokenDurability, TryAcquire, acquire};
+use lease_redis::{RedisConfig, RedisProvider, RedlockConfig, RedlockProvider};
+use lease_testkit::{OwnedProcess, owned_redis, store_url};
+
+const TTL: Duration = Duration::from_secs(30);
+const TIMEOUT: Duration = Duration::from_millis(500);
+
+fn url(p: &OwnedProcess) -> String {
+    format!("redis://127.0.0.1:{}", p.port())
+}
+
+fn provider(p: &OwnedProcess) -> RedisProvider {
+    RedisProvider::new(RedisConfig::new(url(p)).timeouts(TIMEOUT, TIMEOUT)).unwrap()
+}
+
+fn key(s: &str) -> LeaseKey {
+    LeaseKey::new(format!("{s}-{}", uuid_like())).unwrap()
+}
+
+fn uuid_like() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+async fn token_after_acquire(p: &dyn LeaseProvider, k: &LeaseKey) -> u64 {
+    let lease = p
+        .try_acquire(k, TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .expect("free key");
+    p.release(&lease).await.unwrap();
+    lease.token().get()
+}
+
+/// Retries until the server answers again (the connection manager reconnects
+/// by itself; the first calls after a restart may still see the old socket).
+async fn until_ok<T, F, Fut>(mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, LeaseError>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        match f().await {
+            Ok(v) => return v,
+            Err(e) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the provider did not recover: {e}"
+                );
+                assert!(
+                    matches!(e, LeaseError::Unavailable { .. }),
+                    "recovering gave {e:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durable_server_keeps_tokens_across_crash_and_restart() {
+    let mut server = owned_redis(true);
+    let p = provider(&server);
+    let caps = p.probe().await.unwrap();
+    assert!(
+        matches!(caps.durable_tokens, TokenDurability::Durable(_)),
+        "{:?}",
+        caps.durable_tokens
+    );
+    assert!(p.capabilities().durable_tokens.is_durable());
+    let k = key("durable");
+    let mut last = 0;
+    for _ in 0..3 {
+        last = token_after_acquire(&p, &k).await;
+    }
+    server.kill(); // a crash, not a clean shutdown
+    server.start_again();
+    let next = until_ok(|| p.try_acquire(&k, TTL))
+        .await
+        .into_lease()
+        .expect("free after restart");
+    assert!(
+        next.token().get() > last,
+        "token {} after {last} across a crash",
+        next.token()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn volatile_server_says_so_and_tokens_do_restart() {
+    let mut server = owned_redis(false);
+    let p = provider(&server);
+    let caps = p.probe().await.unwrap();
+    assert!(
+        matches!(caps.durable_tokens, TokenDurability::Volatile(_)),
+        "{:?}",
+        caps.durable_tokens
+    );
+    let k = key("volatile");
+    let mut last = 0;
+    for _ in 0..3 {
+        last = token_after_acquire(&p, &k).await;
+    }
+    server.stop();
+    server.start_again();
+    let next = until_ok(|| p.try_acquire(&k, TTL))
+        .await
+        .into_lease()
+        .unwrap();
+    // Exactly what the capabilities warned about: without persistence the
+    // counter starts again.
+    assert!(
+        next.token().get() <= last,
+        "expected tokens to restart, got {} after {last}",
+        next.token()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_down_is_unavailable_within_the_timeout_and_the_provider_recovers() {
+    let mut server = owned_redis(false);
+    let p = provider(&server);
+    let k = key("outage");
+    let before = p.try_acquire(&k, TTL).await.unwrap().into_lease().unwrap();
+    server.stop();
+    for _ in 0..3 {
+        let started = Instant::now();
+        let err = p.try_acquire(&k, TTL).await.unwrap_err();
+        assert!(matches!(err, LeaseError::Unavailable { .. }), "{err:?}");
+        assert!(
+            started.elapsed() < TIMEOUT * 2 + Duration::from_secs(1),
+            "took {:?}",
+            started.elapsed()
+        );
+        assert!(matches!(
+            p.inspect(&k).await,
+            Err(LeaseError::Unavailable { .. })
+        ));
+    }
+    server.start_again();
+    // The same provider, not rebuilt, works again. Without persistence the
+    // restarted server has forgotten the old lease, so the key is free.
+    let after = until_ok(|| p.try_acquire(&k, TTL)).await;
+    assert!(after.is_acquired());
+    drop(before);
+    // Waiting works again too: the pub/sub subscription reconnects.
+    let holder = after.into_lease().unwrap();
+    let p2 = Arc::new(p.clone());
+    let k2 = k.clone();
+    let waiter = tokio::spawn(async move { acquire(&p2, &k2, TTL, Duration::from_secs(20)).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let released = Instant::now();
+    p.release(&holder).await.unwrap();
+    let got = waiter.await.unwrap().unwrap().expect("woken after release");
+    assert!(released.elapsed() < Duration::from_secs(5));
+    assert!(got.token() > holder.token());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_recovers_when_the_subscription_breaks() {
+    let mut server = owned_redis(true);
+    let p = Arc::new(provider(&server));
+    let k = key("resubscribe");
+    let holder = p.try_acquire(&k, TTL).await.unwrap().into_lease().unwrap();
+    let (p2, k2) = (Arc::clone(&p), k.clone());
+    let waiter = tokio::spawn(async move { acquire(&p2, &k2, TTL, Duration::from_secs(30)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The pub/sub connection breaks under the waiter; the lease survives (AOF).
+    server.stop();
+    server.start_again();
+    until_ok(|| p.release(&holder)).await;
+    let got = waiter
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the waiter got the key after the restart");
+    assert!(got.token() > holder.token());
+}
+
+fn redlock(nodes: &[&OwnedProcess]) -> RedlockProvider {
+    RedlockProvider::new(
+        RedlockConfig::new(nodes.iter().map(|n| url(n))).timeouts(TIMEOUT, TIMEOUT),
+    )
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_survives_one_node_down_but_not_two() {
+    let (a, mut b, mut c) = (owned_redis(false), owned_redis(false), owned_redis(false));
+    let rl = redlock(&[&a, &b, &c]);
+    assert_eq!(rl.quorum(), 2);
+    let k = key("minority-down");
+    c.stop();
+    let lease = rl
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .expect("two of three nodes suffice");
+    assert_eq!(rl.inspect(&k).await.unwrap().unwrap().token, lease.token());
+    let lease = rl.extend(&lease, TTL).await.unwrap();
+    rl.release(&lease).await.unwrap();
+    b.stop();
+    let started = Instant::now();
+    let err = rl.try_acquire(&k, TTL).await.unwrap_err();
+    assert!(matches!(err, LeaseError::Unavailable { .. }), "{err:?}");
+    assert!(started.elapsed() < TIMEOUT * 2 + Duration::from_secs(1));
+    // Nothing was left behind on the node that answered.
+    assert!(provider(&a).inspect(&k).await.unwrap().is_none());
+    b.start_again();
+    c.start_again();
+    let again = until_ok(|| rl.try_acquire(&k, TTL)).await;
+    assert!(again.is_acquired());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_key_held_on_a_minority_does_not_block_a_majority() {
+    let urls: Vec<String> = store_url("LEASE_TEST_REDLOCK_URLS")
+        .split(',')
+        .map(str::to_owned)
+        .collect();
+    let ns = format!("minority-{}", uuid_like());
+    let rl = RedlockProvider::new(RedlockConfig::new(urls.clone()).namespace(&ns)).unwrap();
+    let single = RedisProvider::new(RedisConfig::new(&urls[0]).namespace(&ns)).unwrap();
+    let k = key("pre-held");
+    // Someone holds the key on node 0 only (same key layout as the single-node provider).
+    let stray = single
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    let lease = rl
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .expect("a majority is free");
+    // Held on a majority now, so a second Redlock client is refused.
+    assert!(matches!(
+        rl.try_acquire(&k, TTL).await.unwrap(),
+        TryAcquire::Held { .. }
+    ));
+    rl.release(&lease).await.unwrap();
+    single.release(&stray).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_tokens_grow_across_different_majorities() {
+    let (mut a, b, c) = (owned_redis(false), owned_redis(false), owned_redis(false));
+    let rl = redlock(&[&a, &b, &c]);
+    let k = key("majorities");
+    // Node a's counter runs far ahead of b's and c's.
+    let on_a = provider(&a);
+    for _ in 0..50 {
+        token_after_acquire(&on_a, &k).await;
+    }
+    let first = token_after_acquire(&rl, &k).await;
+    assert!(
+        first > 50,
+        "the token comes from the highest counter of the majority: {first}"
+    );
+    // The next majority is {b, c}, whose own counters were at 1 before the raise step.
+    a.stop();
+    let second = token_after_acquire(&rl, &k).await;
+    assert!(
+        second > first,
+        "token {second} after {first} on a different majority"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_needs_three_nodes_and_valid_urls() {
+    let err = RedlockProvider::new(RedlockConfig::new([
+        "redis://127.0.0.1:1",
+        "redis://127.0.0.1:2",
+    ]))
+    .unwrap_err();
+    assert!(
+        matches!(&err, LeaseError::Config(m) if m.contains("at least 3")),
+        "{err}"
+    );
+    let err = RedisProvider::from_url("http://nope").unwrap_err();
+    assert!(
+        matches!(&err, LeaseError::Config(m) if m.contains("redis://")),
+        "{err}"
+    );
+    let err =
+        RedisProvider::new(RedisConfig::new("redis://127.0.0.1:1").namespace("")).unwrap_err();
+    assert!(matches!(err, LeaseError::Config(_)));
+}
