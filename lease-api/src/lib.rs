@@ -53,6 +53,7 @@ mod caps;
 mod error;
 mod fence;
 mod guard;
+mod hub;
 mod key;
 mod lease;
 mod memory;
@@ -63,6 +64,7 @@ pub use caps::{Capabilities, DEFAULT_MAX_TTL, ExpiryClock, Notifications, TokenD
 pub use error::{BoxError, LeaseError, Result};
 pub use fence::{FenceGate, StaleToken};
 pub use guard::{GuardConfig, LeaseGuard, LostReason};
+pub use hub::WatchHub;
 pub use key::{LeaseKey, MAX_KEY_BYTES, validate_namespace};
 pub use lease::{FencingToken, Lease, LeaseInfo, OwnerId, TryAcquire, drift_margin};
 pub use memory::{DEFAULT_NAMESPACE, MemoryProvider, MemoryStore};

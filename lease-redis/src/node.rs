@@ -1,59 +1,14 @@
 //! One Redis server: a shared multiplexed connection with auto-reconnect, a
 //! pub/sub subscriber for release announcements, and error mapping.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use lease_api::{LeaseError, Result};
+use lease_api::{LeaseError, Result, WatchHub};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{FromRedisValue, RedisError, Script};
-use tokio::sync::Notify;
 use tokio::task::JoinHandle;
-
-/// Waiters by key, shared by every subscriber of a provider (Redlock has one
-/// subscriber per node, all feeding one hub).
-#[derive(Default)]
-pub(crate) struct NotifyHub {
-    waiters: Mutex<HashMap<String, Weak<Notify>>>,
-}
-
-impl NotifyHub {
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Weak<Notify>>> {
-        self.waiters.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The `Notify` for `key`, shared by all of its current watchers.
-    pub(crate) fn get(&self, key: &str) -> Arc<Notify> {
-        let mut map = self.lock();
-        if let Some(n) = map.get(key).and_then(Weak::upgrade) {
-            return n;
-        }
-        if map.len() >= 64 {
-            map.retain(|_, w| w.strong_count() > 0);
-        }
-        let n = Arc::new(Notify::new());
-        map.insert(key.to_owned(), Arc::downgrade(&n));
-        n
-    }
-
-    fn wake(&self, key: &str) {
-        let n = self.lock().get(key).and_then(Weak::upgrade);
-        if let Some(n) = n {
-            n.notify_waiters();
-        }
-    }
-
-    /// Wakes every waiter: used when a subscription broke and announcements
-    /// may have been missed. Waiters simply try again.
-    fn wake_all(&self) {
-        let all: Vec<_> = self.lock().values().filter_map(Weak::upgrade).collect();
-        for n in all {
-            n.notify_waiters();
-        }
-    }
-}
 
 struct Subscription {
     task: JoinHandle<()>,
@@ -183,7 +138,7 @@ impl Node {
 
     /// Makes sure this node's release announcements on `channel` reach `hub`.
     /// Returns once the subscription is confirmed by the server.
-    pub(crate) async fn subscribe(&self, channel: &str, hub: &Arc<NotifyHub>) -> Result<()> {
+    pub(crate) async fn subscribe(&self, channel: &str, hub: &Arc<WatchHub>) -> Result<()> {
         let mut slot = self.subscription.lock().await;
         if slot.as_ref().is_some_and(|s| !s.task.is_finished()) {
             return Ok(());

@@ -7,14 +7,14 @@ use async_trait::async_trait;
 use futures_util::future::join_all;
 use lease_api::{
     Capabilities, DEFAULT_NAMESPACE, ExpiryClock, FencingToken, KeyWatch, Lease, LeaseError,
-    LeaseInfo, LeaseKey, LeaseProvider, NotifyWatch, OwnerId, Result, TokenDurability, TryAcquire,
+    LeaseInfo, LeaseKey, LeaseProvider, OwnerId, Result, TokenDurability, TryAcquire,
     validate_namespace,
 };
 use redis::Value;
 use tokio::time::Instant;
 
 use crate::keys::{encode, redis_keys, release_channel};
-use crate::node::{Node, NotifyHub, Timeouts};
+use crate::node::{Node, Timeouts};
 use crate::scripts::{ACQUIRE, EXTEND, INSPECT, RAISE, RELEASE};
 use crate::single::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT, base_capabilities, millis, parse_value,
@@ -70,7 +70,7 @@ struct Inner {
     namespace: String,
     ns_encoded: String,
     channel: String,
-    hub: Arc<NotifyHub>,
+    hub: Arc<lease_api::WatchHub>,
     caps: Capabilities,
 }
 
@@ -99,12 +99,29 @@ impl std::fmt::Debug for RedlockProvider {
     }
 }
 
-/// What one node said.
-enum Reply<T> {
-    Yes(T),
-    No(Option<i64>),
+/// What one node said to an acquire.
+enum Reply {
+    Yes(u64),
+    No(i64, String),
     Down(LeaseError),
 }
+
+/// The outcome of one acquire round.
+enum Round {
+    Won(Lease),
+    /// Another owner holds a majority.
+    Held {
+        remaining: Option<Duration>,
+    },
+    /// Nobody holds a majority: contenders split the nodes, or stale leases sit
+    /// on a minority.
+    Split {
+        remaining: Option<Duration>,
+    },
+}
+
+/// How often a split vote is retried inside one `try_acquire`.
+const SPLIT_RETRIES: u32 = 8;
 
 impl RedlockProvider {
     /// Sets up a provider; nodes are connected on first use.
@@ -180,6 +197,89 @@ impl RedlockProvider {
         self.round(|n| n.eval(&RELEASE, &keys, &args)).await
     }
 
+    /// One round of Redlock's acquire on every node (plus the raise step when a
+    /// majority granted it).
+    async fn acquire_round(&self, key: &LeaseKey, ttl: Duration) -> Result<Round> {
+        let (lease_key, fence_key) = self.keys(key);
+        let owner = OwnerId::random();
+        let owner_hex = owner.to_hex();
+        let ttl_ms = millis(ttl).to_string();
+        let keys = [lease_key.as_str(), fence_key.as_str()];
+        let args = [owner_hex.as_str(), ttl_ms.as_str()];
+        let sent_at = Instant::now();
+        let replies: Vec<Reply> = self
+            .round(|n| n.eval::<(i64, i64, String)>(&ACQUIRE, &keys, &args))
+            .await
+            .into_iter()
+            .map(|r| match r {
+                Ok((1, token, _)) => Reply::Yes(u64::try_from(token).unwrap_or(0)),
+                Ok((_, pttl, holder)) => Reply::No(pttl, holder),
+                Err(e) => Reply::Down(e),
+            })
+            .collect();
+        let won: Vec<(usize, u64)> = replies
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| match r {
+                Reply::Yes(t) => Some((i, *t)),
+                _ => None,
+            })
+            .collect();
+        let lease = Lease::new(key.clone(), FencingToken(0), owner, ttl, sent_at);
+        if won.len() >= self.inner.quorum && Instant::now() < lease.valid_until() {
+            // Step two: the token is the highest counter of the majority, and
+            // every node of that majority raises its counter to it while we
+            // hold the lease there, so any later majority (which shares a node
+            // with this one) issues a larger token.
+            let token = won.iter().map(|(_, t)| *t).max().unwrap_or(0);
+            let token_arg = token.to_string();
+            let raise_args = [owner_hex.as_str(), token_arg.as_str()];
+            let raised = join_all(
+                won.iter()
+                    .map(|(i, _)| self.inner.nodes[*i].eval::<i64>(&RAISE, &keys, &raise_args)),
+            )
+            .await
+            .into_iter()
+            .filter(|r| matches!(r, Ok(1)))
+            .count();
+            let lease = Lease::new(key.clone(), FencingToken(token), owner, ttl, sent_at);
+            if raised >= self.inner.quorum && Instant::now() < lease.valid_until() {
+                return Ok(Round::Won(lease));
+            }
+        }
+        // Lost the race, or too slow: undo wherever we got it.
+        if !won.is_empty() {
+            let _ = self.release_everywhere(&lease_key, owner, key).await;
+        }
+        let mut down = Vec::new();
+        let mut remaining: Option<Duration> = None;
+        let mut holders: Vec<String> = Vec::new();
+        for r in replies {
+            match r {
+                Reply::Down(e) => down.push(e),
+                Reply::No(pttl, holder) => {
+                    if pttl >= 0 {
+                        let d = Duration::from_millis(pttl.unsigned_abs());
+                        remaining = Some(remaining.map_or(d, |r| r.min(d)));
+                    }
+                    holders.push(holder.split(':').next().unwrap_or_default().to_owned());
+                }
+                Reply::Yes(_) => {}
+            }
+        }
+        if down.len() > self.inner.nodes.len() - self.inner.quorum {
+            return Err(self.unavailable(down));
+        }
+        let someone_has_majority = holders
+            .iter()
+            .any(|h| holders.iter().filter(|o| *o == h).count() >= self.inner.quorum);
+        if someone_has_majority {
+            Ok(Round::Held { remaining })
+        } else {
+            Ok(Round::Split { remaining })
+        }
+    }
+
     fn unavailable(&self, errors: Vec<LeaseError>) -> LeaseError {
         let n = self.inner.nodes.len();
         let first = errors.into_iter().next();
@@ -217,73 +317,25 @@ impl LeaseProvider for RedlockProvider {
 
     async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
         let ttl = self.inner.caps.grant_ttl(ttl)?;
-        let (lease_key, fence_key) = self.keys(key);
-        let owner = OwnerId::random();
-        let owner_hex = owner.to_hex();
-        let ttl_ms = millis(ttl).to_string();
-        let keys = [lease_key.as_str(), fence_key.as_str()];
-        let args = [owner_hex.as_str(), ttl_ms.as_str()];
-        let sent_at = Instant::now();
-        let replies: Vec<Reply<u64>> = self
-            .round(|n| n.eval::<(i64, i64)>(&ACQUIRE, &keys, &args))
-            .await
-            .into_iter()
-            .map(|r| match r {
-                Ok((1, token)) => Reply::Yes(u64::try_from(token).unwrap_or(0)),
-                Ok((_, pttl)) => Reply::No(Some(pttl)),
-                Err(e) => Reply::Down(e),
-            })
-            .collect();
-        let won: Vec<(usize, u64)> = replies
-            .iter()
-            .enumerate()
-            .filter_map(|(i, r)| match r {
-                Reply::Yes(t) => Some((i, *t)),
-                _ => None,
-            })
-            .collect();
-        let lease = Lease::new(key.clone(), FencingToken(0), owner, ttl, sent_at);
-        if won.len() >= self.inner.quorum && Instant::now() < lease.valid_until() {
-            // Step two: the token is the highest counter of the majority, and
-            // every node of that majority raises its counter to it while we
-            // hold the lease there, so any later majority (which shares a node
-            // with this one) issues a larger token.
-            let token = won.iter().map(|(_, t)| *t).max().unwrap_or(0);
-            let token_arg = token.to_string();
-            let raise_args = [owner_hex.as_str(), token_arg.as_str()];
-            let raised = join_all(
-                won.iter()
-                    .map(|(i, _)| self.inner.nodes[*i].eval::<i64>(&RAISE, &keys, &raise_args)),
-            )
-            .await
-            .into_iter()
-            .filter(|r| matches!(r, Ok(1)))
-            .count();
-            let lease = Lease::new(key.clone(), FencingToken(token), owner, ttl, sent_at);
-            if raised >= self.inner.quorum && Instant::now() < lease.valid_until() {
-                return Ok(TryAcquire::Acquired(lease));
-            }
-        }
-        // Lost the race, or too slow: undo wherever we got it.
-        if !won.is_empty() {
-            let _ = self.release_everywhere(&lease_key, owner, key).await;
-        }
-        let mut down = Vec::new();
-        let mut remaining: Option<Duration> = None;
-        for r in replies {
-            match r {
-                Reply::Down(e) => down.push(e),
-                Reply::No(Some(pttl)) if pttl >= 0 => {
-                    let d = Duration::from_millis(pttl.unsigned_abs());
-                    remaining = Some(remaining.map_or(d, |r| r.min(d)));
+        let started = Instant::now();
+        let mut attempt = 0u32;
+        loop {
+            match self.acquire_round(key, ttl).await? {
+                Round::Won(lease) => return Ok(TryAcquire::Acquired(lease)),
+                // Contenders split the nodes so that nobody has a majority; the
+                // key is not held by anyone. Back off by a random amount and
+                // try again, so one of them gets ahead, as Redlock prescribes.
+                Round::Split { .. } if attempt < SPLIT_RETRIES && started.elapsed() < ttl / 2 => {
+                    attempt += 1;
+                    let cap = 2u64 << attempt.min(5);
+                    let jitter = rand::random_range(1..=cap);
+                    tokio::time::sleep(Duration::from_millis(jitter)).await;
                 }
-                _ => {}
+                Round::Split { remaining } | Round::Held { remaining } => {
+                    return Ok(TryAcquire::Held { remaining });
+                }
             }
         }
-        if down.len() > self.inner.nodes.len() - self.inner.quorum {
-            return Err(self.unavailable(down));
-        }
-        Ok(TryAcquire::Held { remaining })
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
@@ -394,6 +446,6 @@ impl LeaseProvider for RedlockProvider {
         if ok.is_empty() {
             return Err(self.unavailable(errors.into_iter().filter_map(Result::err).collect()));
         }
-        Ok(Box::new(NotifyWatch::new(self.inner.hub.get(key.as_str()))))
+        Ok(Box::new(self.inner.hub.watch(key.as_str())))
     }
 }

@@ -8,17 +8,17 @@ use std::sync::LazyLock;
 use redis::Script;
 
 /// KEYS: lease, fence. ARGV: owner, ttl ms.
-/// Returns {1, token} when acquired, {0, pttl} when held.
+/// Returns {1, token, ''} when acquired, {0, pttl, holder value} when held.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl ~= -2 then
-  return {0, pttl}
+  return {0, pttl, redis.call('GET', KEYS[1]) or ''}
 end
 local token = redis.call('INCR', KEYS[2])
 redis.call('SET', KEYS[1], ARGV[1] .. ':' .. token, 'PX', ARGV[2])
-return {1, token}
+return {1, token, ''}
 ",
     )
 });

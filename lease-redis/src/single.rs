@@ -7,14 +7,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lease_api::{
     Capabilities, DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, ExpiryClock, FencingToken, KeyWatch, Lease,
-    LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Notifications, NotifyWatch, OwnerId, Result,
+    LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Notifications, OwnerId, Result,
     TokenDurability, TryAcquire, validate_namespace,
 };
 use redis::Value;
 use tokio::time::Instant;
 
 use crate::keys::{encode, redis_keys, release_channel};
-use crate::node::{Node, NotifyHub, Timeouts};
+use crate::node::{Node, Timeouts};
 use crate::scripts::{ACQUIRE, EXTEND, INSPECT, RELEASE};
 
 /// The default connect timeout.
@@ -119,7 +119,7 @@ struct Inner {
     namespace: String,
     ns_encoded: String,
     channel: String,
-    hub: Arc<NotifyHub>,
+    hub: Arc<lease_api::WatchHub>,
     base: Capabilities,
     probed: OnceLock<Capabilities>,
     probe_started: AtomicBool,
@@ -247,7 +247,7 @@ impl LeaseProvider for RedisProvider {
         let (lease_key, fence_key) = self.keys(key);
         let owner = OwnerId::random();
         let sent_at = Instant::now();
-        let (won, n): (i64, i64) = self
+        let (won, n, _holder): (i64, i64, String) = self
             .inner
             .node
             .eval(
@@ -357,6 +357,6 @@ impl LeaseProvider for RedisProvider {
             .node
             .subscribe(&self.inner.channel, &self.inner.hub)
             .await?;
-        Ok(Box::new(NotifyWatch::new(self.inner.hub.get(key.as_str()))))
+        Ok(Box::new(self.inner.hub.watch(key.as_str())))
     }
 }
