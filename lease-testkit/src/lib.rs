@@ -12,6 +12,7 @@
 //! ```
 
 use std::net::{TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -78,6 +79,8 @@ pub struct OwnedProcess {
     port: u16,
     log: PathBuf,
     child: Option<Child>,
+    run_as: Option<(u32, u32)>,
+    stop_signal: &'static str,
     /// Kept alive for the process's data.
     pub dir: TempDir,
 }
@@ -104,10 +107,18 @@ impl OwnedProcess {
             port,
             log,
             child: None,
+            run_as: None,
+            stop_signal: "TERM",
             dir,
         };
         p.start_again();
         p
+    }
+
+    fn configured(mut self, run_as: Option<(u32, u32)>, stop_signal: &'static str) -> Self {
+        self.run_as = run_as;
+        self.stop_signal = stop_signal;
+        self
     }
 
     /// The port it listens on.
@@ -126,8 +137,12 @@ impl OwnedProcess {
             .append(true)
             .open(&self.log)
             .expect("open log");
-        let child = Command::new(&self.program)
-            .args(&self.args)
+        let mut cmd = Command::new(&self.program);
+        cmd.args(&self.args).process_group(0);
+        if let Some((uid, gid)) = self.run_as {
+            cmd.uid(uid).gid(gid);
+        }
+        let child = cmd
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log handle"))
             .stderr(log)
@@ -173,9 +188,10 @@ impl OwnedProcess {
         lines[lines.len().saturating_sub(30)..].join("\n")
     }
 
-    /// Stops the process with SIGTERM (a clean shutdown) and waits for it.
+    /// Stops the process cleanly (SIGTERM; SIGINT for PostgreSQL's fast
+    /// shutdown) and waits for it.
     pub fn stop(&mut self) {
-        self.signal("TERM");
+        self.signal(self.stop_signal);
     }
 
     /// Kills the process with SIGKILL (a crash) and waits for it.
@@ -204,9 +220,8 @@ impl OwnedProcess {
 
 impl Drop for OwnedProcess {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+        if self.child.is_some() {
+            self.signal("KILL");
         }
     }
 }
@@ -235,4 +250,104 @@ pub fn owned_redis(durable: bool) -> OwnedProcess {
         args.extend(["--appendonly", "no"].map(String::from));
     }
     OwnedProcess::start("redis-server", "redis-server", args, port, dir)
+}
+
+/// The directory of PostgreSQL's server programs (`initdb`, `postgres`).
+///
+/// # Panics
+/// When PostgreSQL is not installed.
+pub fn pg_bindir() -> PathBuf {
+    if let Ok(d) = std::env::var("LEASE_TEST_PG_BINDIR")
+        && !d.is_empty()
+    {
+        return PathBuf::from(d);
+    }
+    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| e.path().join("bin"))
+                .filter(|p| p.join("initdb").exists())
+                .collect()
+        })
+        .unwrap_or_default();
+    found.sort();
+    found
+        .pop()
+        .unwrap_or_else(|| panic!("PostgreSQL server programs not found; {HOW_TO_START}"))
+}
+
+/// The uid and gid of the `postgres` user when running as root (initdb refuses
+/// to run as root), else `None`.
+fn postgres_user() -> Option<(u32, u32)> {
+    let id = |flag: &str, user: &str| -> Option<u32> {
+        let out = Command::new("id").arg(flag).arg(user).output().ok()?;
+        String::from_utf8(out.stdout).ok()?.trim().parse().ok()
+    };
+    if id("-u", "")? != 0 {
+        return None;
+    }
+    Some((id("-u", "postgres")?, id("-g", "postgres")?))
+}
+
+/// A private PostgreSQL server on a free port with `fsync` on, trust
+/// authentication for user `postgres`, data in a temporary directory.
+/// Its URL: `postgres://postgres@127.0.0.1:PORT/postgres`.
+///
+/// # Panics
+/// When initdb or the server fails; the message shows the log.
+pub fn owned_postgres() -> OwnedProcess {
+    let bindir = pg_bindir();
+    let port = free_port();
+    let dir = TempDir::new("lease-postgres");
+    let run_as = postgres_user();
+    if let Some((uid, gid)) = run_as {
+        let _ = Command::new("chown")
+            .arg("-R")
+            .arg(format!("{uid}:{gid}"))
+            .arg(dir.path())
+            .status();
+    }
+    let data = dir.path().join("data");
+    let mut initdb = Command::new(bindir.join("initdb"));
+    initdb
+        .arg("-D")
+        .arg(&data)
+        .args(["-U", "postgres", "--auth=trust", "-E", "UTF8"]);
+    if let Some((uid, gid)) = run_as {
+        initdb.uid(uid).gid(gid);
+    }
+    let out = initdb
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run initdb: {e}"));
+    assert!(
+        out.status.success(),
+        "initdb failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let args = vec![
+        "-D".into(),
+        data.display().to_string(),
+        "-p".into(),
+        port.to_string(),
+        "-k".into(),
+        dir.path().display().to_string(),
+        "-c".into(),
+        "listen_addresses=127.0.0.1".into(),
+        "-c".into(),
+        "fsync=on".into(),
+    ];
+    let mut p = OwnedProcess {
+        name: "postgres".into(),
+        program: bindir.join("postgres"),
+        args,
+        port,
+        log: dir.path().join("postgres.log"),
+        child: None,
+        run_as: None,
+        stop_signal: "TERM",
+        dir,
+    }
+    .configured(run_as, "INT");
+    p.start_again();
+    p
 }

@@ -1,0 +1,92 @@
+//! # lease-postgres: leases in a PostgreSQL table
+//!
+//! [`PostgresProvider`] keeps one row per key and times every lease by the
+//! **database clock** (`clock_timestamp()`), never the client's. For teams that
+//! already run PostgreSQL and would rather not run another store, and for
+//! money-moving work: [`PostgresProvider::begin_fenced`] checks the lease inside the
+//! same transaction as the business write.
+//!
+//! ```no_run
+//! # async fn demo() -> lease_api::Result<()> {
+//! use std::time::Duration;
+//! use lease_api::{LeaseKey, LeaseProvider};
+//! use lease_postgres::{PostgresConfig, PostgresProvider};
+//!
+//! let provider = PostgresProvider::new(
+//!     PostgresConfig::new("postgres://app@127.0.0.1/app").namespace("billing"),
+//! )?;
+//! let key = LeaseKey::new("settlement/2026-12-02")?;
+//! if let Some(lease) = provider.try_acquire(&key, Duration::from_secs(30)).await?.into_lease() {
+//!     println!("holding {key} with fencing token {}", lease.token());
+//!     provider.release(&lease).await?;
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! ## Table layout
+//!
+//! ```sql
+//! CREATE TABLE "public"."lease_leases" (
+//!     namespace  text        NOT NULL,
+//!     key        text        NOT NULL,
+//!     owner      text        NULL,      -- 32 hex digits; NULL once released
+//!     token      bigint      NOT NULL,  -- grows by one per acquisition, kept on release
+//!     expires_at timestamptz NULL,      -- database clock
+//!     PRIMARY KEY (namespace, key)
+//! );
+//! ```
+//!
+//! Schema and table names are configurable and validated as identifiers; every
+//! value is a bind parameter. The table is created on first use (under an
+//! advisory lock, so many processes may start at once), or by
+//! [`PostgresProvider::migrate`] when `create_table` is off.
+//!
+//! ## One statement per operation
+//!
+//! - acquire: `INSERT .. ON CONFLICT (namespace, key) DO UPDATE .. WHERE the row is
+//!   released or expired RETURNING token`, in a CTE that also reports the holder's
+//!   remaining time when it did not win; at most one of any number of concurrent
+//!   callers wins, because the conflicting row is locked by the upsert.
+//! - extend / release: an `UPDATE` guarded by namespace, key, owner, token and
+//!   `expires_at > clock_timestamp()`; release also calls `pg_notify` in the
+//!   same statement. Released rows keep their token, so tokens keep growing.
+//! - inspect: a `SELECT` of live rows.
+//!
+//! ## Expiry clock
+//!
+//! `clock_timestamp()` is the database server's wall clock at the moment the
+//! statement runs (not the transaction start). Clients' clocks never matter. If
+//! the server's clock is stepped, leases expire early or late by that step:
+//! run NTP with slewing on database hosts.
+//!
+//! ## Waiting
+//!
+//! Release sends `NOTIFY` on a per-table channel with the namespace and key as
+//! payload. Each provider keeps one `LISTEN` connection shared by all its waiters;
+//! if it drops, every waiter retries once and the listener reconnects. Waiters also
+//! retry when the holder's remaining TTL runs out, so a lost notification costs
+//! latency, never correctness.
+//!
+//! ## Fenced transactions
+//!
+//! [`PostgresProvider::begin_fenced`] starts a transaction and locks the lease row
+//! `FOR SHARE` after checking owner, token and expiry. A takeover has to update
+//! that row, so it waits until the transaction ends: the business write commits
+//! only while the lease is held, and a stale holder's transaction is refused before
+//! it writes anything. This is stronger than a token check at the resource because
+//! the check and the write are one atomic commit.
+//!
+//! ## When to prefer this backend
+//!
+//! When PostgreSQL is already there; when tokens must survive restarts (they are
+//! rows; the capabilities say so after probing `fsync` and `synchronous_commit`);
+//! when the protected resource is in the same database. Each operation costs a
+//! statement on a pooled connection (about a millisecond on a LAN); for thousands
+//! of short leases per second prefer Redis.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod provider;
+mod sql;
+
+pub use provider::{PostgresConfig, PostgresProvider};

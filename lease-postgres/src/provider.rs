@@ -1,0 +1,559 @@
+//! `PostgresProvider`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lease_api::{
+    Capabilities, DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, ExpiryClock, FencingToken, KeyWatch, Lease,
+    LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Notifications, OwnerId, Result,
+    TokenDurability, TryAcquire, WatchHub, validate_namespace,
+};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
+use sqlx::{Postgres, Row, Transaction};
+use tokio::sync::OnceCell;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::sql::{Statements, payload, validate_identifier};
+
+/// How to reach PostgreSQL and where the lease table lives.
+#[derive(Clone, Debug)]
+pub struct PostgresConfig {
+    /// `postgres://user:password@host:port/database` (also `postgresql://`).
+    pub url: String,
+    /// The namespace; providers in different namespaces never see each other.
+    pub namespace: String,
+    /// The schema of the lease table. Default `public`.
+    pub schema: String,
+    /// The lease table. Default `lease_leases`.
+    pub table: String,
+    /// How long to wait for a connection (from the pool or a new one).
+    pub connect_timeout: Duration,
+    /// How long to wait for a statement's answer.
+    pub response_timeout: Duration,
+    /// Pool size. Default 10.
+    pub max_connections: u32,
+    /// Create the table on first use. Default true; turn off when schemas are
+    /// managed elsewhere and call [`PostgresProvider::migrate`] there instead.
+    pub create_table: bool,
+}
+
+impl PostgresConfig {
+    /// A configuration for `url` with defaults for everything else.
+    pub fn new(url: impl Into<String>) -> Self {
+        PostgresConfig {
+            url: url.into(),
+            namespace: DEFAULT_NAMESPACE.into(),
+            schema: "public".into(),
+            table: "lease_leases".into(),
+            connect_timeout: Duration::from_secs(3),
+            response_timeout: Duration::from_secs(3),
+            max_connections: 10,
+            create_table: true,
+        }
+    }
+
+    /// Sets the namespace.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = namespace.into();
+        self
+    }
+
+    /// Sets schema and table.
+    pub fn table(mut self, schema: impl Into<String>, table: impl Into<String>) -> Self {
+        self.schema = schema.into();
+        self.table = table.into();
+        self
+    }
+
+    /// Sets both timeouts.
+    pub fn timeouts(mut self, connect: Duration, response: Duration) -> Self {
+        self.connect_timeout = connect;
+        self.response_timeout = response;
+        self
+    }
+
+    /// Sets the pool size.
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n.max(1);
+        self
+    }
+}
+
+struct Listener {
+    task: JoinHandle<()>,
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+struct Inner {
+    pool: PgPool,
+    sql: Statements,
+    namespace: String,
+    create_table: bool,
+    migrated: OnceCell<()>,
+    response_timeout: Duration,
+    hub: Arc<WatchHub>,
+    listener: tokio::sync::Mutex<Option<Listener>>,
+    base: Capabilities,
+    probed: OnceLock<Capabilities>,
+    probe_started: AtomicBool,
+    display: String,
+}
+
+/// Leases in a PostgreSQL table, timed by the database clock.
+///
+/// Acquire, extend, release and inspect are one statement each. Clones share one
+/// pool and one LISTEN connection (opened on the first wait). See the crate docs.
+#[derive(Clone)]
+pub struct PostgresProvider {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for PostgresProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresProvider")
+            .field("server", &self.inner.display)
+            .field("namespace", &self.inner.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+fn is_unavailable(e: &sqlx::Error) -> bool {
+    matches!(
+        e,
+        sqlx::Error::Io(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::Protocol(_)
+    ) || matches!(e, sqlx::Error::Database(d) if d.code().is_some_and(|c| {
+        // 57P01..57P03: admin shutdown, crash shutdown, cannot connect now; 08xxx: connection exceptions.
+        c.starts_with("57P") || c.starts_with("08")
+    }))
+}
+
+impl PostgresProvider {
+    /// Sets up a provider. Connections are made on first use, so this does not
+    /// fail when the database is down; operations then return `Unavailable`.
+    ///
+    /// # Errors
+    /// [`LeaseError::Config`] for a malformed URL, namespace, schema or table name.
+    pub fn new(config: PostgresConfig) -> Result<Self> {
+        validate_namespace(&config.namespace)?;
+        validate_identifier("schema", &config.schema)?;
+        validate_identifier("table", &config.table)?;
+        let options: PgConnectOptions = config.url.parse().map_err(|e| {
+            LeaseError::Config(format!(
+                "invalid PostgreSQL URL ({e}); expected postgres://user[:password]@host[:port]/database"
+            ))
+        })?;
+        let display = format!("postgres://{}:{}", options.get_host(), options.get_port());
+        let pool = PgPoolOptions::new()
+            .max_connections(config.max_connections)
+            .min_connections(0)
+            .acquire_timeout(config.connect_timeout)
+            .connect_lazy_with(options);
+        let base = Capabilities {
+            backend: "postgres",
+            min_ttl: Duration::from_millis(10),
+            max_ttl: DEFAULT_MAX_TTL,
+            ttl_granularity: Duration::from_millis(1),
+            expiry_slack: Duration::from_millis(5),
+            durable_tokens: TokenDurability::Unknown(
+                "not yet probed: tokens are rows, durable unless fsync or synchronous_commit is off".into(),
+            ),
+            notifications: Notifications::Native("PostgreSQL LISTEN/NOTIFY"),
+            expiry_clock: ExpiryClock::StoreServer,
+        };
+        Ok(PostgresProvider {
+            inner: Arc::new(Inner {
+                pool,
+                sql: Statements::new(&config.schema, &config.table),
+                namespace: config.namespace,
+                create_table: config.create_table,
+                migrated: OnceCell::new(),
+                response_timeout: config.response_timeout,
+                hub: Arc::default(),
+                listener: tokio::sync::Mutex::new(None),
+                base,
+                probed: OnceLock::new(),
+                probe_started: AtomicBool::new(false),
+                display,
+            }),
+        })
+    }
+
+    /// A provider for `url` with defaults for everything else.
+    ///
+    /// # Errors
+    /// As [`PostgresProvider::new`].
+    pub fn from_url(url: &str) -> Result<Self> {
+        Self::new(PostgresConfig::new(url))
+    }
+
+    /// The pool, to run your own statements (for example inside
+    /// [`begin_fenced`](Self::begin_fenced)'s transaction).
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    fn map_err(&self, e: sqlx::Error) -> LeaseError {
+        if is_unavailable(&e) {
+            LeaseError::unavailable(
+                format!("PostgreSQL at {} is unreachable", self.inner.display),
+                e,
+            )
+        } else {
+            LeaseError::backend(
+                format!(
+                    "PostgreSQL at {} answered with an error",
+                    self.inner.display
+                ),
+                e,
+            )
+        }
+    }
+
+    async fn bounded<T>(
+        &self,
+        what: &'static str,
+        f: impl std::future::Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T> {
+        match tokio::time::timeout(self.inner.response_timeout, f).await {
+            Ok(r) => r.map_err(|e| self.map_err(e)),
+            Err(_) => Err(LeaseError::Unavailable {
+                message: format!(
+                    "PostgreSQL at {} did not answer {what} within {:?}",
+                    self.inner.display, self.inner.response_timeout
+                ),
+                source: None,
+            }),
+        }
+    }
+
+    /// Creates the schema (if not `public`) and the lease table if they do not
+    /// exist. Safe to run from many processes at once: it takes a transaction-level
+    /// advisory lock first.
+    ///
+    /// # Errors
+    /// `Unavailable` when the database is down; `Backend` without the privilege.
+    pub async fn migrate(&self) -> Result<()> {
+        let sql = &self.inner.sql;
+        self.bounded("the migration", async {
+            let mut tx = self.inner.pool.begin().await?;
+            sqlx::query("SELECT pg_advisory_xact_lock(hashtext('lease-postgres migrate'))")
+                .execute(&mut *tx)
+                .await?;
+            if let Some(s) = &sql.create_schema {
+                sqlx::query(s).execute(&mut *tx).await?;
+            }
+            sqlx::query(&sql.create_table).execute(&mut *tx).await?;
+            tx.commit().await
+        })
+        .await
+    }
+
+    async fn ready(&self) -> Result<()> {
+        self.start_probe();
+        if !self.inner.create_table {
+            return Ok(());
+        }
+        self.inner
+            .migrated
+            .get_or_try_init(|| self.migrate())
+            .await
+            .map(|_| ())
+    }
+
+    /// Asks the server whether committed rows survive a crash (`fsync`,
+    /// `synchronous_commit`) and returns the capabilities with that answer (also
+    /// what [`capabilities`](LeaseProvider::capabilities) reports from then on).
+    /// Happens by itself in the background on first use.
+    ///
+    /// # Errors
+    /// `Unavailable` when the database cannot be reached.
+    pub async fn probe(&self) -> Result<Capabilities> {
+        let row = self
+            .bounded(
+                "the probe",
+                sqlx::query(
+                    "SELECT current_setting('fsync'), current_setting('synchronous_commit')",
+                )
+                .fetch_one(&self.inner.pool),
+            )
+            .await?;
+        let fsync: String = row.try_get(0).unwrap_or_default();
+        let sync_commit: String = row.try_get(1).unwrap_or_default();
+        let durable_tokens = if fsync != "on" {
+            TokenDurability::Volatile(format!(
+                "fsync is {fsync}: a clean restart keeps tokens, a crash of the server can lose recent rows and reissue tokens"
+            ))
+        } else if sync_commit == "off" {
+            TokenDurability::Volatile(
+                "synchronous_commit is off: a crash can lose the last transactions and reissue tokens".into(),
+            )
+        } else {
+            TokenDurability::Durable(
+                "tokens are committed rows (fsync on, synchronous commit); released rows keep them"
+                    .into(),
+            )
+        };
+        let caps = Capabilities {
+            durable_tokens,
+            ..self.inner.base.clone()
+        };
+        let _ = self.inner.probed.set(caps.clone());
+        Ok(caps)
+    }
+
+    fn start_probe(&self) {
+        if self.inner.probed.get().is_none()
+            && !self.inner.probe_started.swap(true, Ordering::SeqCst)
+        {
+            let this = self.clone();
+            tokio::spawn(async move {
+                if this.probe().await.is_err() {
+                    this.inner.probe_started.store(false, Ordering::SeqCst);
+                }
+            });
+        }
+    }
+
+    /// Begins a transaction that holds the lease row `FOR SHARE` after checking
+    /// that `lease` (owner, token) is still held and not expired on the database
+    /// clock. Run the protected writes in it and commit: they commit only while
+    /// the lease is held, because a takeover must update that row and waits for
+    /// this transaction to end. Keep it short: renewals of the same lease wait too.
+    ///
+    /// ```no_run
+    /// # async fn demo(provider: lease_postgres::PostgresProvider, lease: lease_api::Lease) -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut tx = provider.begin_fenced(&lease).await?;
+    /// sqlx::query("UPDATE ledger SET settled = true WHERE batch = $1")
+    ///     .bind(42_i64)
+    ///     .execute(&mut *tx)
+    ///     .await?;
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// `Lost` when the lease is no longer held (nothing is written);
+    /// `Unavailable` when the database cannot be reached.
+    pub async fn begin_fenced(&self, lease: &Lease) -> Result<Transaction<'static, Postgres>> {
+        self.ready().await?;
+        let mut tx = self.bounded("BEGIN", self.inner.pool.begin()).await?;
+        let held = self
+            .bounded(
+                "the fence check",
+                sqlx::query(&self.inner.sql.fence)
+                    .bind(&self.inner.namespace)
+                    .bind(lease.key().as_str())
+                    .bind(lease.owner().to_hex())
+                    .bind(token_i64(lease.token())?)
+                    .fetch_optional(&mut *tx),
+            )
+            .await?;
+        if held.is_none() {
+            // Dropping the transaction rolls it back.
+            return Err(LeaseError::Lost {
+                key: lease.key().clone(),
+                token: lease.token(),
+            });
+        }
+        Ok(tx)
+    }
+
+    async fn ensure_listener(&self) -> Result<()> {
+        let mut slot = self.inner.listener.lock().await;
+        if slot.as_ref().is_some_and(|l| !l.task.is_finished()) {
+            return Ok(());
+        }
+        let channel = self.inner.sql.channel.clone();
+        let mut listener = self
+            .bounded("LISTEN", async {
+                let mut l = PgListener::connect_with(&self.inner.pool).await?;
+                l.listen(&channel).await?;
+                Ok(l)
+            })
+            .await?;
+        let hub = Arc::clone(&self.inner.hub);
+        let task = tokio::spawn(async move {
+            loop {
+                match listener.try_recv().await {
+                    Ok(Some(n)) => hub.wake(n.payload()),
+                    // The connection dropped; sqlx reconnects and re-listens on
+                    // the next call. Releases in between may be lost: wake all.
+                    Ok(None) => hub.wake_all(),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "LISTEN connection failed; retrying");
+                        hub.wake_all();
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                }
+            }
+        });
+        *slot = Some(Listener { task });
+        Ok(())
+    }
+}
+
+fn token_i64(t: FencingToken) -> Result<i64> {
+    i64::try_from(t.get())
+        .map_err(|_| LeaseError::protocol(format!("token {t} does not fit a bigint")))
+}
+
+fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+fn from_micros(us: i64) -> Duration {
+    Duration::from_micros(u64::try_from(us).unwrap_or(0))
+}
+
+#[async_trait]
+impl LeaseProvider for PostgresProvider {
+    fn capabilities(&self) -> &Capabilities {
+        self.inner.probed.get().unwrap_or(&self.inner.base)
+    }
+
+    fn namespace(&self) -> &str {
+        &self.inner.namespace
+    }
+
+    async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
+        let ttl = self.capabilities().grant_ttl(ttl)?;
+        self.ready().await?;
+        let owner = OwnerId::random();
+        let sent_at = Instant::now();
+        let row = self
+            .bounded(
+                "acquire",
+                sqlx::query(&self.inner.sql.acquire)
+                    .bind(&self.inner.namespace)
+                    .bind(key.as_str())
+                    .bind(owner.to_hex())
+                    .bind(micros(ttl))
+                    .fetch_optional(&self.inner.pool),
+            )
+            .await?;
+        let Some(row) = row else {
+            // A concurrent acquirer inserted the row after our snapshot and won.
+            return Ok(TryAcquire::Held { remaining: None });
+        };
+        let decode = |e: sqlx::Error| self.map_err(e);
+        let won: bool = row.try_get(0).map_err(decode)?;
+        let token: i64 = row.try_get(1).map_err(decode)?;
+        if won {
+            let token = u64::try_from(token)
+                .map_err(|_| LeaseError::protocol(format!("negative token {token}")))?;
+            Ok(TryAcquire::Acquired(Lease::new(
+                key.clone(),
+                FencingToken(token),
+                owner,
+                ttl,
+                sent_at,
+            )))
+        } else {
+            let remaining: Option<i64> = row.try_get(2).map_err(decode)?;
+            Ok(TryAcquire::Held {
+                remaining: remaining.map(from_micros),
+            })
+        }
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        let ttl = self.capabilities().grant_ttl(ttl)?;
+        self.ready().await?;
+        let sent_at = Instant::now();
+        let done = self
+            .bounded(
+                "extend",
+                sqlx::query(&self.inner.sql.extend)
+                    .bind(&self.inner.namespace)
+                    .bind(lease.key().as_str())
+                    .bind(lease.owner().to_hex())
+                    .bind(token_i64(lease.token())?)
+                    .bind(micros(ttl))
+                    .execute(&self.inner.pool),
+            )
+            .await?;
+        if done.rows_affected() == 1 {
+            Ok(Lease::new(
+                lease.key().clone(),
+                lease.token(),
+                lease.owner(),
+                ttl,
+                sent_at,
+            ))
+        } else {
+            Err(LeaseError::Lost {
+                key: lease.key().clone(),
+                token: lease.token(),
+            })
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        self.ready().await?;
+        let released = self
+            .bounded(
+                "release",
+                sqlx::query(&self.inner.sql.release)
+                    .bind(&self.inner.namespace)
+                    .bind(lease.key().as_str())
+                    .bind(lease.owner().to_hex())
+                    .bind(token_i64(lease.token())?)
+                    .bind(&self.inner.sql.channel)
+                    .bind(payload(&self.inner.namespace, lease.key().as_str()))
+                    .fetch_optional(&self.inner.pool),
+            )
+            .await?;
+        match released {
+            Some(_) => Ok(()),
+            None => Err(LeaseError::NotHeld {
+                key: lease.key().clone(),
+                token: lease.token(),
+            }),
+        }
+    }
+
+    async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>> {
+        self.ready().await?;
+        let row = self
+            .bounded(
+                "inspect",
+                sqlx::query(&self.inner.sql.inspect)
+                    .bind(&self.inner.namespace)
+                    .bind(key.as_str())
+                    .fetch_optional(&self.inner.pool),
+            )
+            .await?;
+        let Some(row) = row else { return Ok(None) };
+        let decode = |e: sqlx::Error| self.map_err(e);
+        let token: i64 = row.try_get(0).map_err(decode)?;
+        let owner: Option<String> = row.try_get(1).map_err(decode)?;
+        let remaining: i64 = row.try_get(2).map_err(decode)?;
+        Ok(Some(LeaseInfo {
+            token: FencingToken(u64::try_from(token).unwrap_or(0)),
+            remaining: from_micros(remaining),
+            owner: owner.as_deref().and_then(OwnerId::from_hex),
+        }))
+    }
+
+    async fn watch(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {
+        self.ensure_listener().await?;
+        Ok(Box::new(
+            self.inner
+                .hub
+                .watch(&payload(&self.inner.namespace, key.as_str())),
+        ))
+    }
+}

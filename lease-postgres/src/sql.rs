@@ -1,0 +1,152 @@
+//! The statements, built once per provider from the validated table name.
+
+use lease_api::LeaseError;
+
+/// Checks an identifier: a letter or `_`, then letters, digits or `_`, at most
+/// 63 bytes (PostgreSQL's limit). Quoted in SQL anyway; this keeps names sane.
+pub(crate) fn validate_identifier(what: &str, name: &str) -> Result<(), LeaseError> {
+    let mut chars = name.chars();
+    let ok_first = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+    let ok_rest = chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if ok_first && ok_rest && name.len() <= 63 {
+        Ok(())
+    } else {
+        Err(LeaseError::Config(format!(
+            "invalid {what} {name:?}: use 1-63 ASCII letters, digits and underscores, not starting with a digit"
+        )))
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Statements {
+    pub create_schema: Option<String>,
+    pub create_table: String,
+    pub acquire: String,
+    pub extend: String,
+    pub release: String,
+    pub inspect: String,
+    pub fence: String,
+    pub channel: String,
+}
+
+impl Statements {
+    pub(crate) fn new(schema: &str, table: &str) -> Self {
+        let t = format!("\"{schema}\".\"{table}\"");
+        // Remaining time in microseconds, on the database clock.
+        let remaining =
+            "(extract(epoch from (l.expires_at - clock_timestamp())) * 1000000)::bigint";
+        Statements {
+            create_schema: (schema != "public").then(|| format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\"")),
+            create_table: format!(
+                "CREATE TABLE IF NOT EXISTS {t} (
+                    namespace  text        NOT NULL,
+                    key        text        NOT NULL,
+                    owner      text        NULL,
+                    token      bigint      NOT NULL,
+                    expires_at timestamptz NULL,
+                    PRIMARY KEY (namespace, key)
+                )"
+            ),
+            // One statement: take the row if it is absent, released or expired
+            // (bumping its token), else report the holder's remaining time.
+            acquire: format!(
+                "WITH won AS (
+                    INSERT INTO {t} AS l (namespace, key, owner, token, expires_at)
+                    VALUES ($1, $2, $3, 1, clock_timestamp() + $4::bigint * interval '1 microsecond')
+                    ON CONFLICT (namespace, key) DO UPDATE
+                       SET owner = EXCLUDED.owner, token = l.token + 1, expires_at = EXCLUDED.expires_at
+                     WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp()
+                    RETURNING l.token
+                 )
+                 SELECT true, token, 0::bigint FROM won
+                 UNION ALL
+                 SELECT false, l.token, {remaining} FROM {t} l
+                  WHERE l.namespace = $1 AND l.key = $2 AND NOT EXISTS (SELECT 1 FROM won)"
+            ),
+            extend: format!(
+                "UPDATE {t} SET expires_at = clock_timestamp() + $5::bigint * interval '1 microsecond'
+                  WHERE namespace = $1 AND key = $2 AND owner = $3 AND token = $4
+                    AND expires_at > clock_timestamp()"
+            ),
+            // Released rows keep their token, so the next acquire continues from it.
+            release: format!(
+                "WITH gone AS (
+                    UPDATE {t} SET owner = NULL, expires_at = NULL
+                     WHERE namespace = $1 AND key = $2 AND owner = $3 AND token = $4
+                       AND expires_at > clock_timestamp()
+                    RETURNING 1
+                 )
+                 SELECT pg_notify($5, $6) FROM gone"
+            ),
+            inspect: format!(
+                "SELECT l.token, l.owner, {remaining} FROM {t} l
+                  WHERE l.namespace = $1 AND l.key = $2 AND l.owner IS NOT NULL
+                    AND l.expires_at > clock_timestamp()"
+            ),
+            fence: format!(
+                "SELECT 1 FROM {t}
+                  WHERE namespace = $1 AND key = $2 AND owner = $3 AND token = $4
+                    AND expires_at > clock_timestamp()
+                  FOR SHARE"
+            ),
+            channel: channel_name(schema, table),
+        }
+    }
+}
+
+/// The NOTIFY channel for a table: at most 63 bytes, as PostgreSQL requires.
+fn channel_name(schema: &str, table: &str) -> String {
+    let full = format!("lease_released.{schema}.{table}");
+    if full.len() <= 63 {
+        return full;
+    }
+    // Long names: keep a readable prefix and a hash of the whole. Two tables
+    // sharing a channel would only cause spurious wake-ups.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in full.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{}.{h:016x}", &full[..46])
+}
+
+/// The NOTIFY payload naming a key: unambiguous for any namespace and key.
+pub(crate) fn payload(namespace: &str, key: &str) -> String {
+    format!("{}:{namespace}{key}", namespace.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers_are_checked() {
+        for ok in ["leases", "_x", "a1_b2", &"t".repeat(63)] {
+            assert!(validate_identifier("table", ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "1abc",
+            "a-b",
+            "a b",
+            "a\"b",
+            "x;DROP",
+            "é",
+            &"t".repeat(64),
+        ] {
+            let err = validate_identifier("table", bad).unwrap_err().to_string();
+            assert!(err.contains("invalid table"), "{err}");
+        }
+    }
+
+    #[test]
+    fn channels_fit_and_payloads_do_not_collide() {
+        assert!(channel_name(&"s".repeat(63), &"t".repeat(63)).len() <= 63);
+        assert_eq!(
+            channel_name("public", "leases"),
+            "lease_released.public.leases"
+        );
+        assert_ne!(payload("ab", "c"), payload("a", "bc"));
+    }
+}

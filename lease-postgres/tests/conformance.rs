@@ -1,0 +1,40 @@
+//! The whole conformance suite against a real PostgreSQL from `scripts/stores`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lease_api::{LeaseError, LeaseProvider};
+use lease_conformance::{ProviderFactory, conformance_tests};
+use lease_postgres::{PostgresConfig, PostgresProvider};
+use lease_testkit::store_url;
+
+struct PostgresFactory(String);
+
+impl PostgresFactory {
+    fn new() -> Self {
+        PostgresFactory(store_url("LEASE_TEST_POSTGRES_URL"))
+    }
+}
+
+#[async_trait]
+impl ProviderFactory for PostgresFactory {
+    async fn provider(&self, namespace: &str) -> Result<Arc<dyn LeaseProvider>, LeaseError> {
+        let config = PostgresConfig::new(&self.0)
+            .namespace(namespace)
+            .max_connections(4);
+        Ok(Arc::new(PostgresProvider::new(config)?))
+    }
+
+    async fn unreachable(&self) -> Result<Arc<dyn LeaseProvider>, LeaseError> {
+        let config = PostgresConfig::new("postgres://postgres@127.0.0.1:1/postgres")
+            .timeouts(Duration::from_millis(500), Duration::from_millis(500));
+        Ok(Arc::new(PostgresProvider::new(config)?))
+    }
+
+    fn unavailable_within(&self) -> Duration {
+        Duration::from_secs(2)
+    }
+}
+
+conformance_tests!(postgres_conformance, PostgresFactory::new());
