@@ -150,6 +150,11 @@ impl PostgresProvider {
         validate_namespace(&config.namespace)?;
         validate_identifier("schema", &config.schema)?;
         validate_identifier("table", &config.table)?;
+        if !(config.url.starts_with("postgres://") || config.url.starts_with("postgresql://")) {
+            return Err(LeaseError::Config(
+                "a PostgreSQL URL starts with postgres:// or postgresql://".into(),
+            ));
+        }
         let options: PgConnectOptions = config.url.parse().map_err(|e| {
             LeaseError::Config(format!(
                 "invalid PostgreSQL URL ({e}); expected postgres://user[:password]@host[:port]/database"

@@ -279,14 +279,14 @@ pub fn pg_bindir() -> PathBuf {
 /// The uid and gid of the `postgres` user when running as root (initdb refuses
 /// to run as root), else `None`.
 fn postgres_user() -> Option<(u32, u32)> {
-    let id = |flag: &str, user: &str| -> Option<u32> {
-        let out = Command::new("id").arg(flag).arg(user).output().ok()?;
+    let id = |args: &[&str]| -> Option<u32> {
+        let out = Command::new("id").args(args).output().ok()?;
         String::from_utf8(out.stdout).ok()?.trim().parse().ok()
     };
-    if id("-u", "")? != 0 {
+    if id(&["-u"])? != 0 {
         return None;
     }
-    Some((id("-u", "postgres")?, id("-g", "postgres")?))
+    Some((id(&["-u", "postgres"])?, id(&["-g", "postgres"])?))
 }
 
 /// A private PostgreSQL server on a free port with `fsync` on, trust

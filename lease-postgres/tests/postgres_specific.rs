@@ -1,0 +1,301 @@
+//! PostgreSQL-specific behaviour: restarts and outages of a private server,
+//! SQL-looking keys, identifier validation, migration races and fenced
+//! transactions.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use lease_api::{LeaseError, LeaseKey, LeaseProvider, TokenDurability, acquire};
+use lease_postgres::{PostgresConfig, PostgresProvider};
+use lease_testkit::{OwnedProcess, owned_postgres, store_url};
+use sqlx::Row;
+
+const TTL: Duration = Duration::from_secs(30);
+const TIMEOUT: Duration = Duration::from_millis(800);
+
+fn url(p: &OwnedProcess) -> String {
+    format!("postgres://postgres@127.0.0.1:{}/postgres", p.port())
+}
+
+fn unique(s: &str) -> String {
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{s}_{n}")
+}
+
+fn shared(namespace: &str) -> PostgresProvider {
+    PostgresProvider::new(
+        PostgresConfig::new(store_url("LEASE_TEST_POSTGRES_URL")).namespace(namespace),
+    )
+    .unwrap()
+}
+
+async fn until_ok<T, F, Fut>(mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, LeaseError>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match f().await {
+            Ok(v) => return v,
+            Err(e) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the provider did not recover: {e}"
+                );
+                assert!(
+                    matches!(e, LeaseError::Unavailable { .. }),
+                    "recovering gave {e:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_survive_a_crash_and_the_pool_recovers() {
+    let mut server = owned_postgres();
+    let p = PostgresProvider::new(PostgresConfig::new(url(&server)).timeouts(TIMEOUT, TIMEOUT))
+        .unwrap();
+    let k = LeaseKey::new("settlement").unwrap();
+    let mut last = 0;
+    for _ in 0..3 {
+        let l = p.try_acquire(&k, TTL).await.unwrap().into_lease().unwrap();
+        p.release(&l).await.unwrap();
+        last = l.token().get();
+    }
+    let caps = p.probe().await.unwrap();
+    assert!(
+        matches!(caps.durable_tokens, TokenDurability::Durable(_)),
+        "{:?}",
+        caps.durable_tokens
+    );
+
+    server.kill(); // a crash: committed rows must survive
+    let started = Instant::now();
+    let err = p.try_acquire(&k, TTL).await.unwrap_err();
+    assert!(matches!(err, LeaseError::Unavailable { .. }), "{err:?}");
+    assert!(
+        started.elapsed() < TIMEOUT * 2 + Duration::from_secs(1),
+        "took {:?}",
+        started.elapsed()
+    );
+    let err = p.inspect(&k).await.unwrap_err();
+    assert!(matches!(err, LeaseError::Unavailable { .. }), "{err:?}");
+
+    server.start_again();
+    // The same provider (same pool) works again once the server is back.
+    let l = until_ok(|| p.try_acquire(&k, TTL))
+        .await
+        .into_lease()
+        .unwrap();
+    assert!(
+        l.token().get() > last,
+        "token {} after {last} across a crash",
+        l.token()
+    );
+    p.release(&l).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_recovers_when_the_listener_connection_breaks() {
+    let mut server = owned_postgres();
+    let p = Arc::new(
+        PostgresProvider::new(PostgresConfig::new(url(&server)).timeouts(TIMEOUT, TIMEOUT))
+            .unwrap(),
+    );
+    let k = LeaseKey::new("listen").unwrap();
+    let holder = p.try_acquire(&k, TTL).await.unwrap().into_lease().unwrap();
+    let (p2, k2) = (Arc::clone(&p), k.clone());
+    let waiter = tokio::spawn(async move { acquire(&p2, &k2, TTL, Duration::from_secs(40)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.stop();
+    server.start_again();
+    until_ok(|| p.release(&holder)).await;
+    let got = waiter
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the waiter got the key after the restart");
+    assert!(got.token() > holder.token());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_that_look_like_sql_are_just_keys() {
+    let p = shared(&unique("sql_keys"));
+    let keys = [
+        "'; DROP TABLE lease_leases; --",
+        "%",
+        "_",
+        "a%",
+        "a_",
+        "\\",
+        "\\\\",
+        "a\\%b",
+        "$1",
+        "' OR '1'='1",
+    ];
+    let mut leases = Vec::new();
+    for k in keys {
+        let k = LeaseKey::new(k).unwrap();
+        leases.push(
+            p.try_acquire(&k, TTL)
+                .await
+                .unwrap()
+                .into_lease()
+                .unwrap_or_else(|| panic!("{k:?} collided")),
+        );
+    }
+    for l in &leases {
+        assert_eq!(p.inspect(l.key()).await.unwrap().unwrap().token, l.token());
+        p.release(l).await.unwrap();
+    }
+    // The table is still there and still works.
+    let k = LeaseKey::new("after").unwrap();
+    assert!(p.try_acquire(&k, TTL).await.unwrap().is_acquired());
+}
+
+#[tokio::test]
+async fn invalid_table_and_schema_names_are_rejected_clearly() {
+    for (schema, table) in [
+        ("public", "bad-name"),
+        ("public", "x; DROP TABLE y"),
+        ("pub lic", "t"),
+        ("public", ""),
+        ("public", "1t"),
+    ] {
+        let err = PostgresProvider::new(
+            PostgresConfig::new("postgres://u@127.0.0.1/db").table(schema, table),
+        )
+        .unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, LeaseError::Config(_)), "{msg}");
+        assert!(
+            msg.contains("invalid") && (msg.contains("table") || msg.contains("schema")),
+            "{msg}"
+        );
+    }
+    let err = PostgresProvider::from_url("mysql://nope").unwrap_err();
+    assert!(
+        matches!(&err, LeaseError::Config(m) if m.contains("postgres://")),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_processes_creating_the_table_at_once_all_succeed() {
+    let schema = unique("lease_schema");
+    let providers: Vec<_> = (0..8)
+        .map(|_| {
+            PostgresProvider::new(
+                PostgresConfig::new(store_url("LEASE_TEST_POSTGRES_URL"))
+                    .table(&schema, "custom_leases")
+                    .max_connections(2),
+            )
+            .unwrap()
+        })
+        .collect();
+    let k = LeaseKey::new("first-use").unwrap();
+    let results = join_all(providers.iter().map(|p| p.try_acquire(&k, TTL))).await;
+    let won = results
+        .into_iter()
+        .map(|r| r.unwrap())
+        .filter(|r| r.is_acquired())
+        .count();
+    assert_eq!(won, 1);
+    // migrate() is idempotent.
+    providers[0].migrate().await.unwrap();
+    let n: i64 = sqlx::query(&format!("SELECT count(*) FROM \"{schema}\".custom_leases"))
+        .fetch_one(providers[0].pool())
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_holders_fenced_transaction_is_rejected_and_writes_nothing() {
+    let ns = unique("fenced");
+    let (a, b) = (shared(&ns), shared(&ns));
+    let table = unique("ledger");
+    sqlx::query(&format!(
+        "CREATE TABLE {table} (batch text, writer_token bigint)"
+    ))
+    .execute(a.pool())
+    .await
+    .unwrap();
+    let k = LeaseKey::new("batch-7").unwrap();
+    let ttl = Duration::from_millis(300);
+    let stale = a.try_acquire(&k, ttl).await.unwrap().into_lease().unwrap();
+    // The holder pauses past its TTL; another process takes over.
+    let fresh = acquire(&Arc::new(b.clone()), &k, ttl * 10, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(fresh.token() > stale.token());
+    // The paused holder wakes and tries to write under its old lease.
+    match a.begin_fenced(&stale).await {
+        Err(LeaseError::Lost { .. }) => {}
+        other => panic!("stale fenced transaction: {other:?}"),
+    }
+    // The live holder can write.
+    let mut tx = b.begin_fenced(&fresh).await.unwrap();
+    sqlx::query(&format!("INSERT INTO {table} VALUES ('batch-7', $1)"))
+        .bind(fresh.token().get() as i64)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let rows: Vec<i64> = sqlx::query(&format!("SELECT writer_token FROM {table}"))
+        .fetch_all(a.pool())
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        rows,
+        vec![fresh.token().get() as i64],
+        "only the live holder wrote"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn takeover_waits_for_an_open_fenced_transaction() {
+    let ns = unique("fenced_wait");
+    let (a, b) = (shared(&ns), shared(&ns));
+    let k = LeaseKey::new("batch-8").unwrap();
+    let ttl = Duration::from_millis(300);
+    let lease = a.try_acquire(&k, ttl).await.unwrap().into_lease().unwrap();
+    let tx = a.begin_fenced(&lease).await.unwrap();
+    // The lease expires while the fenced transaction is still open.
+    tokio::time::sleep(ttl + Duration::from_millis(200)).await;
+    let b2 = b.clone();
+    let k2 = k.clone();
+    let takeover = tokio::spawn(async move {
+        let started = Instant::now();
+        let r = b2.try_acquire(&k2, TTL).await;
+        (r, started.elapsed())
+    });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(
+        !takeover.is_finished(),
+        "the takeover did not wait for the fenced transaction"
+    );
+    tx.commit().await.unwrap();
+    let (r, waited) = takeover.await.unwrap();
+    let next = r
+        .unwrap()
+        .into_lease()
+        .expect("taken over after the commit");
+    assert!(
+        waited >= Duration::from_millis(350),
+        "waited only {waited:?}"
+    );
+    assert!(next.token() > lease.token());
+}
