@@ -1,0 +1,71 @@
+//! # lease-etcd: leases on etcd, with revision fencing tokens
+//!
+//! [`EtcdProvider`] maps each lease to an etcd key attached to an etcd lease.
+//! etcd's revisions are durable, global and monotonic, which makes the key's
+//! **create revision** a ready-made fencing token.
+//!
+//! ```no_run
+//! # async fn demo() -> lease_api::Result<()> {
+//! use std::time::Duration;
+//! use lease_api::{LeaseKey, LeaseProvider};
+//! use lease_etcd::{EtcdConfig, EtcdProvider};
+//!
+//! let provider = EtcdProvider::new(EtcdConfig::new(["http://127.0.0.1:2379"]).namespace("billing"))?;
+//! let key = LeaseKey::new("settlement/2026-12-02")?;
+//! if let Some(lease) = provider.try_acquire(&key, Duration::from_secs(10)).await?.into_lease() {
+//!     println!("holding {key} with fencing token {}", lease.token());
+//!     provider.release(&lease).await?;
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! ## How it works
+//!
+//! - **Key layout**: `lease/<namespace>/<key>`, the namespace percent-encoded so it
+//!   holds no `/`. Every operation and every watch uses the exact key, never a
+//!   prefix, so `a` and `ab` (or `a/b`) are different leases that never wake each
+//!   other's waiters. The value is the holder's owner id.
+//! - **Acquire** (two round trips): grant an etcd lease with the TTL, then one
+//!   transaction `if create_revision(key) == 0 then put(key, owner, lease) else
+//!   get(key)`. When the key was held, the unused etcd lease is revoked in the
+//!   background, so losing acquires leak nothing.
+//! - **Token** = the key's create revision, which etcd assigns from one global,
+//!   durable counter: tokens grow across every acquisition, every client and
+//!   every restart of the cluster.
+//! - **Extend** with the same TTL is one keep-alive; with another TTL, a new etcd
+//!   lease is granted and attached by a transaction guarded on the key's create
+//!   revision and value, then the old one is revoked.
+//! - **Release** is a transaction guarded the same way that deletes the key,
+//!   then (in the background) revokes the etcd lease.
+//! - **Waiting** watches the exact key for its deletion (release or expiry).
+//! - **Fencing inside etcd**: [`EtcdProvider::txn_if_held`] runs your operations
+//!   in a transaction that only succeeds while the lease is held, and
+//!   [`EtcdProvider::held_compares`] gives the comparisons for your own
+//!   transactions.
+//!
+//! ## TTLs
+//!
+//! etcd lease TTLs are whole seconds, and the server refuses anything below its
+//! minimum (1.5 x the election timeout, so 2 s with defaults). Requested TTLs
+//! are rounded up to whole seconds; the lease reports the TTL etcd granted.
+//!
+//! ## Leader changes
+//!
+//! Lease expiry is clocked by the leader. When leadership moves, etcd extends
+//! every lease by the remaining election time rather than expiring it early:
+//! a lease can outlive its TTL a little (declared as expiry slack), never end
+//! early. Keep-alives and transactions during an election fail with
+//! `Unavailable`; the guard retries them until local validity ends.
+//!
+//! ## When to prefer etcd
+//!
+//! When the platform already runs etcd (Kubernetes operators, infrastructure
+//! tooling) and you want tokens that survive anything the cluster survives, with
+//! linearizable writes. It is slower per acquire than Redis and has a 2 s
+//! minimum TTL; it is not the store for thousands of short leases per second.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod provider;
+
+pub use provider::{EtcdConfig, EtcdProvider};

@@ -1,0 +1,549 @@
+//! `EtcdProvider`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, EventType, PutOptions, Txn, TxnOp, TxnOpResponse,
+    TxnResponse, WatchStream,
+};
+use lease_api::{
+    Capabilities, DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, ExpiryClock, FencingToken, KeyWatch, Lease,
+    LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Notifications, OwnerId, Result,
+    TokenDurability, TryAcquire, validate_namespace,
+};
+use tokio::sync::OnceCell;
+use tokio::time::Instant;
+
+/// How to reach etcd.
+#[derive(Clone, Debug)]
+pub struct EtcdConfig {
+    /// One or more endpoints, `http://host:port` (or `https://` with TLS set up
+    /// through etcd-client's features).
+    pub endpoints: Vec<String>,
+    /// The namespace; providers in different namespaces never see each other.
+    pub namespace: String,
+    /// How long to wait for a connection.
+    pub connect_timeout: Duration,
+    /// How long to wait for one request.
+    pub request_timeout: Duration,
+}
+
+impl EtcdConfig {
+    /// A configuration for `endpoints` with the default namespace and timeouts.
+    pub fn new<I, S>(endpoints: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        EtcdConfig {
+            endpoints: endpoints.into_iter().map(Into::into).collect(),
+            namespace: DEFAULT_NAMESPACE.into(),
+            connect_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(3),
+        }
+    }
+
+    /// Sets the namespace.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = namespace.into();
+        self
+    }
+
+    /// Sets both timeouts.
+    pub fn timeouts(mut self, connect: Duration, request: Duration) -> Self {
+        self.connect_timeout = connect;
+        self.request_timeout = request;
+        self
+    }
+}
+
+struct Inner {
+    config: EtcdConfig,
+    client: OnceCell<Client>,
+    prefix: String,
+    caps: Capabilities,
+    display: String,
+}
+
+/// Leases on etcd: etcd leases for expiry, create revisions for tokens, watches
+/// for waiting. See the crate docs.
+#[derive(Clone)]
+pub struct EtcdProvider {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for EtcdProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdProvider")
+            .field("endpoints", &self.inner.display)
+            .field("namespace", &self.inner.config.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+fn encode_namespace(ns: &str) -> String {
+    ns.replace('%', "%25").replace('/', "%2F")
+}
+
+/// gRPC status codes (stable across gRPC implementations) that mean the
+/// cluster could not serve the request: CANCELLED, UNKNOWN, DEADLINE_EXCEEDED,
+/// ABORTED, UNAVAILABLE.
+fn status_unavailable(code: i32) -> bool {
+    matches!(code, 1 | 2 | 4 | 10 | 14)
+}
+
+impl EtcdProvider {
+    /// Sets up a provider; connecting happens on first use.
+    ///
+    /// # Errors
+    /// [`LeaseError::Config`] for no endpoints, an endpoint that is not an
+    /// `http://` or `https://` URL, or a bad namespace.
+    pub fn new(config: EtcdConfig) -> Result<Self> {
+        validate_namespace(&config.namespace)?;
+        if config.endpoints.is_empty() {
+            return Err(LeaseError::Config(
+                "etcd needs at least one endpoint".into(),
+            ));
+        }
+        for e in &config.endpoints {
+            if !(e.starts_with("http://") || e.starts_with("https://")) {
+                return Err(LeaseError::Config(format!(
+                    "etcd endpoint {e:?} must be an http:// or https:// URL, e.g. http://127.0.0.1:2379"
+                )));
+            }
+        }
+        let caps = Capabilities {
+            backend: "etcd",
+            min_ttl: Duration::from_secs(2),
+            max_ttl: DEFAULT_MAX_TTL,
+            ttl_granularity: Duration::from_secs(1),
+            // The lessor checks for expired leases every 500 ms and revokes
+            // them through raft.
+            expiry_slack: Duration::from_millis(1000),
+            durable_tokens: TokenDurability::Durable(
+                "tokens are etcd create revisions: global, raft-replicated and persisted".into(),
+            ),
+            notifications: Notifications::Native("etcd watch"),
+            expiry_clock: ExpiryClock::ConsensusLeader,
+        };
+        Ok(EtcdProvider {
+            inner: Arc::new(Inner {
+                prefix: format!("lease/{}/", encode_namespace(&config.namespace)),
+                display: config.endpoints.join(","),
+                config,
+                client: OnceCell::new(),
+                caps,
+            }),
+        })
+    }
+
+    fn etcd_key(&self, key: &LeaseKey) -> String {
+        format!("{}{}", self.inner.prefix, key.as_str())
+    }
+
+    fn map_err(&self, e: etcd_client::Error) -> LeaseError {
+        let unavailable = match &e {
+            etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+            etcd_client::Error::GRpcStatus(s) => status_unavailable(i32::from(s.code())),
+            _ => false,
+        };
+        if unavailable {
+            LeaseError::unavailable(format!("etcd at {} is unreachable", self.inner.display), e)
+        } else {
+            LeaseError::backend(
+                format!("etcd at {} answered with an error", self.inner.display),
+                e,
+            )
+        }
+    }
+
+    async fn client(&self) -> Result<Client> {
+        let c = &self.inner.config;
+        let client = self
+            .inner
+            .client
+            .get_or_try_init(|| async {
+                let options = ConnectOptions::new()
+                    .with_connect_timeout(c.connect_timeout)
+                    .with_timeout(c.request_timeout)
+                    .with_keep_alive(Duration::from_secs(5), c.request_timeout);
+                match tokio::time::timeout(
+                    c.connect_timeout + c.request_timeout,
+                    Client::connect(&c.endpoints, Some(options)),
+                )
+                .await
+                {
+                    Ok(r) => r.map_err(|e| self.map_err(e)),
+                    Err(_) => Err(LeaseError::Unavailable {
+                        message: format!(
+                            "etcd at {} did not accept a connection in time",
+                            self.inner.display
+                        ),
+                        source: None,
+                    }),
+                }
+            })
+            .await?;
+        Ok(client.clone())
+    }
+
+    /// Runs one request on a fresh handle of the shared client, bounded by the
+    /// request timeout.
+    async fn call<T, F, Fut>(&self, what: &'static str, f: F) -> Result<T>
+    where
+        F: FnOnce(Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let client = self.client().await?;
+        let limit = self.inner.config.request_timeout + self.inner.config.connect_timeout;
+        match tokio::time::timeout(limit, f(client)).await {
+            Ok(r) => r.map_err(|e| self.map_err(e)),
+            Err(_) => Err(LeaseError::Unavailable {
+                message: format!(
+                    "etcd at {} did not answer {what} within {limit:?}",
+                    self.inner.display
+                ),
+                source: None,
+            }),
+        }
+    }
+
+    fn revoke_in_background(&self, lease_id: i64) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = this
+                .call(
+                    "revoke",
+                    |mut c| async move { c.lease_revoke(lease_id).await },
+                )
+                .await
+            {
+                tracing::debug!(lease_id, error = %e, "revoking an unused etcd lease failed; it runs out by its TTL");
+            }
+        });
+    }
+
+    async fn grant(&self, ttl: Duration) -> Result<(i64, Duration)> {
+        let secs = i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX);
+        let resp = self
+            .call("lease grant", |mut c| async move {
+                c.lease_grant(secs, None).await
+            })
+            .await?;
+        let granted = Duration::from_secs(u64::try_from(resp.ttl()).unwrap_or(0));
+        Ok((resp.id(), granted))
+    }
+
+    /// The comparisons that hold exactly while `lease` is held: the key's create
+    /// revision is the lease's token and its value is the lease's owner. Add them
+    /// to your own etcd transactions to fence writes inside etcd.
+    pub fn held_compares(&self, lease: &Lease) -> Vec<Compare> {
+        let key = self.etcd_key(lease.key());
+        vec![
+            Compare::create_revision(
+                key.clone(),
+                CompareOp::Equal,
+                i64::try_from(lease.token().get()).unwrap_or(-1),
+            ),
+            Compare::value(key, CompareOp::Equal, lease.owner().to_hex()),
+        ]
+    }
+
+    /// Runs `then` in one etcd transaction that succeeds only while `lease` is
+    /// held (see [`held_compares`](Self::held_compares)).
+    ///
+    /// # Errors
+    /// `Lost` (and nothing is applied) when the lease is no longer held.
+    pub async fn txn_if_held(&self, lease: &Lease, then: Vec<TxnOp>) -> Result<TxnResponse> {
+        let txn = Txn::new().when(self.held_compares(lease)).and_then(then);
+        let resp = self
+            .call("txn", |mut c| async move { c.txn(txn).await })
+            .await?;
+        if resp.succeeded() {
+            Ok(resp)
+        } else {
+            Err(LeaseError::Lost {
+                key: lease.key().clone(),
+                token: lease.token(),
+            })
+        }
+    }
+
+    /// The remaining TTL of etcd lease `id`, if it still exists.
+    async fn time_to_live(&self, id: i64) -> Result<Option<Duration>> {
+        if id == 0 {
+            return Ok(None);
+        }
+        let resp = self
+            .call("lease time-to-live", |mut c| async move {
+                c.lease_time_to_live(id, None).await
+            })
+            .await?;
+        Ok(u64::try_from(resp.ttl()).ok().map(Duration::from_secs))
+    }
+}
+
+fn lease_id(lease: &Lease) -> i64 {
+    i64::try_from(lease.handle()).unwrap_or(0)
+}
+
+#[async_trait]
+impl LeaseProvider for EtcdProvider {
+    fn capabilities(&self) -> &Capabilities {
+        &self.inner.caps
+    }
+
+    fn namespace(&self) -> &str {
+        &self.inner.config.namespace
+    }
+
+    async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
+        let ttl = self.inner.caps.grant_ttl(ttl)?;
+        let owner = OwnerId::random();
+        let sent_at = Instant::now();
+        let (id, granted) = self.grant(ttl).await?;
+        let k = self.etcd_key(key);
+        let txn = Txn::new()
+            .when(vec![Compare::create_revision(
+                k.clone(),
+                CompareOp::Equal,
+                0,
+            )])
+            .and_then(vec![TxnOp::put(
+                k.clone(),
+                owner.to_hex(),
+                Some(PutOptions::new().with_lease(id)),
+            )])
+            .or_else(vec![TxnOp::get(k, None)]);
+        let resp = match self
+            .call("acquire txn", |mut c| async move { c.txn(txn).await })
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                self.revoke_in_background(id);
+                return Err(e);
+            }
+        };
+        if resp.succeeded() {
+            let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+            let token = u64::try_from(revision)
+                .ok()
+                .filter(|t| *t > 0)
+                .ok_or_else(|| {
+                    LeaseError::protocol(format!(
+                        "etcd returned no revision for a successful acquire ({revision})"
+                    ))
+                })?;
+            let lease = Lease::new(key.clone(), FencingToken(token), owner, granted, sent_at)
+                .with_handle(u64::try_from(id).unwrap_or(0));
+            return Ok(TryAcquire::Acquired(lease));
+        }
+        self.revoke_in_background(id);
+        let holder_lease = resp.op_responses().into_iter().find_map(|op| match op {
+            TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.lease()),
+            _ => None,
+        });
+        // Best effort: how long the holder still has, for the waiter's fallback timer.
+        let remaining = match holder_lease {
+            Some(hid) => self.time_to_live(hid).await.unwrap_or(None),
+            None => None,
+        };
+        Ok(TryAcquire::Held { remaining })
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        let ttl = self.inner.caps.grant_ttl(ttl)?;
+        let id = lease_id(lease);
+        let lost = || LeaseError::Lost {
+            key: lease.key().clone(),
+            token: lease.token(),
+        };
+        let sent_at = Instant::now();
+        if ttl == lease.ttl() {
+            // Keep-alive and a read of the key, in parallel (one round trip of
+            // latency): the etcd lease must be alive AND still carry our key,
+            // which a release deletes before it revokes the etcd lease.
+            let keep_alive = self.call("keep-alive", |mut c| async move {
+                let (mut keeper, mut stream) = c.lease_keep_alive(id).await?;
+                keeper.keep_alive().await?;
+                stream.message().await
+            });
+            let k = self.etcd_key(lease.key());
+            let read = self.call("get", |mut c| async move { c.get(k, None).await });
+            let (alive, current) = tokio::join!(keep_alive, read);
+            let ttl_left = match alive {
+                Ok(Some(r)) => r.ttl(),
+                Ok(None) => 0,
+                // etcd-client reports an unknown lease id as a keep-alive error.
+                Err(LeaseError::Backend {
+                    source: Some(src), ..
+                }) if matches!(
+                    src.downcast_ref::<etcd_client::Error>(),
+                    Some(etcd_client::Error::LeaseKeepAliveError(_))
+                ) =>
+                {
+                    0
+                }
+                Err(e) => return Err(e),
+            };
+            let ours = current?.kvs().first().is_some_and(|kv| {
+                u64::try_from(kv.create_revision()).ok() == Some(lease.token().get())
+                    && kv.value() == lease.owner().to_hex().as_bytes()
+            });
+            if ttl_left <= 0 || !ours {
+                return Err(lost());
+            }
+            let granted = Duration::from_secs(u64::try_from(ttl_left).unwrap_or(0));
+            return Ok(Lease::new(
+                lease.key().clone(),
+                lease.token(),
+                lease.owner(),
+                granted,
+                sent_at,
+            )
+            .with_handle(lease.handle()));
+        }
+        // Another TTL: a new etcd lease, attached while we still hold the key.
+        let (new_id, granted) = self.grant(ttl).await?;
+        let k = self.etcd_key(lease.key());
+        let txn = Txn::new()
+            .when(self.held_compares(lease))
+            .and_then(vec![TxnOp::put(
+                k,
+                lease.owner().to_hex(),
+                Some(PutOptions::new().with_lease(new_id)),
+            )]);
+        let resp = match self
+            .call("extend txn", |mut c| async move { c.txn(txn).await })
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                self.revoke_in_background(new_id);
+                return Err(e);
+            }
+        };
+        if !resp.succeeded() {
+            self.revoke_in_background(new_id);
+            return Err(lost());
+        }
+        self.revoke_in_background(id);
+        Ok(Lease::new(
+            lease.key().clone(),
+            lease.token(),
+            lease.owner(),
+            granted,
+            sent_at,
+        )
+        .with_handle(u64::try_from(new_id).unwrap_or(0)))
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        let k = self.etcd_key(lease.key());
+        let txn = Txn::new()
+            .when(self.held_compares(lease))
+            .and_then(vec![TxnOp::delete(k, None)]);
+        let resp = self
+            .call("release txn", |mut c| async move { c.txn(txn).await })
+            .await?;
+        if resp.succeeded() {
+            self.revoke_in_background(lease_id(lease));
+            Ok(())
+        } else {
+            Err(LeaseError::NotHeld {
+                key: lease.key().clone(),
+                token: lease.token(),
+            })
+        }
+    }
+
+    async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>> {
+        let k = self.etcd_key(key);
+        let resp = self
+            .call("get", |mut c| async move { c.get(k, None).await })
+            .await?;
+        let Some(kv) = resp.kvs().first() else {
+            return Ok(None);
+        };
+        let token = FencingToken(u64::try_from(kv.create_revision()).unwrap_or(0));
+        let owner = std::str::from_utf8(kv.value())
+            .ok()
+            .and_then(OwnerId::from_hex);
+        // The lease may have expired between the two calls: then the key is free.
+        let Some(remaining) = self.time_to_live(kv.lease()).await? else {
+            return Ok(None);
+        };
+        Ok(Some(LeaseInfo {
+            token,
+            remaining,
+            owner,
+        }))
+    }
+
+    async fn watch(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {
+        let k = self.etcd_key(key);
+        // The watch starts at the current revision; once etcd confirmed it,
+        // every later deletion of the key is delivered.
+        let mut stream = self
+            .call("watch", |mut c| async move { c.watch(k, None).await })
+            .await?;
+        let limit = self.inner.config.request_timeout;
+        match tokio::time::timeout(limit, stream.message()).await {
+            Ok(Ok(Some(r))) if r.created() => {}
+            Ok(Err(e)) => return Err(self.map_err(e)),
+            _ => {
+                return Err(LeaseError::Unavailable {
+                    message: format!(
+                        "etcd at {} did not confirm a watch in time",
+                        self.inner.display
+                    ),
+                    source: None,
+                });
+            }
+        }
+        Ok(Box::new(EtcdWatch {
+            stream: Some(stream),
+        }))
+    }
+}
+
+struct EtcdWatch {
+    stream: Option<WatchStream>,
+}
+
+#[async_trait]
+impl KeyWatch for EtcdWatch {
+    async fn changed(&mut self, max: Duration) {
+        let Some(stream) = self.stream.as_mut() else {
+            tokio::time::sleep(max).await;
+            return;
+        };
+        let wait = async {
+            loop {
+                match stream.message().await {
+                    Ok(Some(resp)) => {
+                        if resp.canceled() {
+                            return false;
+                        }
+                        if resp
+                            .events()
+                            .iter()
+                            .any(|e| e.event_type() == EventType::Delete)
+                        {
+                            return true;
+                        }
+                    }
+                    // The stream ended or failed: tell the caller to retry.
+                    _ => return false,
+                }
+            }
+        };
+        match tokio::time::timeout(max, wait).await {
+            Ok(true) | Err(_) => {}
+            Ok(false) => self.stream = None,
+        }
+    }
+}
