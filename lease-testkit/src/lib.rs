@@ -351,3 +351,32 @@ pub fn owned_postgres() -> OwnedProcess {
     p.start_again();
     p
 }
+
+/// A private single-member etcd on free ports, data in a temporary directory.
+/// Its endpoint: `http://127.0.0.1:PORT`.
+pub fn owned_etcd() -> OwnedProcess {
+    let port = free_port();
+    let peer = free_port();
+    let dir = TempDir::new("lease-etcd");
+    let client_url = format!("http://127.0.0.1:{port}");
+    let peer_url = format!("http://127.0.0.1:{peer}");
+    let args = vec![
+        "--name".into(),
+        "owned".into(),
+        "--data-dir".into(),
+        dir.path().join("data").display().to_string(),
+        "--listen-client-urls".into(),
+        client_url.clone(),
+        "--advertise-client-urls".into(),
+        client_url,
+        "--listen-peer-urls".into(),
+        peer_url.clone(),
+        "--initial-advertise-peer-urls".into(),
+        peer_url.clone(),
+        "--initial-cluster".into(),
+        format!("owned={peer_url}"),
+        "--log-level".into(),
+        "warn".into(),
+    ];
+    OwnedProcess::start("etcd", "etcd", args, port, dir)
+}

@@ -1,0 +1,189 @@
+//! etcd-specific behaviour: restart and outage of a private server, fenced
+//! transactions, and exact-key watches.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::TxnOp;
+use lease_api::{LeaseError, LeaseKey, LeaseProvider, acquire};
+use lease_etcd::{EtcdConfig, EtcdProvider};
+use lease_testkit::{OwnedProcess, owned_etcd, store_url};
+
+const TTL: Duration = Duration::from_secs(10);
+const TIMEOUT: Duration = Duration::from_millis(800);
+
+fn private(server: &OwnedProcess) -> EtcdProvider {
+    EtcdProvider::new(
+        EtcdConfig::new([format!("http://127.0.0.1:{}", server.port())]).timeouts(TIMEOUT, TIMEOUT),
+    )
+    .unwrap()
+}
+
+fn shared(ns: &str) -> EtcdProvider {
+    EtcdProvider::new(EtcdConfig::new([store_url("LEASE_TEST_ETCD_URL")]).namespace(ns)).unwrap()
+}
+
+fn unique(s: &str) -> String {
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{s}-{n}")
+}
+
+async fn until_ok<T, F, Fut>(mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, LeaseError>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match f().await {
+            Ok(v) => return v,
+            Err(e) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the provider did not recover: {e}"
+                );
+                assert!(
+                    matches!(e, LeaseError::Unavailable { .. }),
+                    "recovering gave {e:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_survive_a_restart_outage_is_unavailable_and_the_client_recovers() {
+    let mut server = owned_etcd();
+    let p = private(&server);
+    assert!(p.capabilities().durable_tokens.is_durable());
+    let k = LeaseKey::new("restart").unwrap();
+    // A fresh server may still be electing itself leader.
+    let first = until_ok(|| p.try_acquire(&k, TTL))
+        .await
+        .into_lease()
+        .unwrap();
+    p.release(&first).await.unwrap();
+
+    server.kill();
+    let started = Instant::now();
+    let err = p.try_acquire(&k, TTL).await.unwrap_err();
+    assert!(matches!(err, LeaseError::Unavailable { .. }), "{err:?}");
+    assert!(
+        started.elapsed() < (TIMEOUT * 2) * 2 + Duration::from_secs(1),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(matches!(
+        p.inspect(&k).await,
+        Err(LeaseError::Unavailable { .. })
+    ));
+
+    server.start_again();
+    let second = until_ok(|| p.try_acquire(&k, TTL))
+        .await
+        .into_lease()
+        .expect("free after restart");
+    assert!(
+        second.token() > first.token(),
+        "token {} after {}",
+        second.token(),
+        first.token()
+    );
+    p.release(&second).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_holders_guarded_transaction_is_rejected() {
+    let ns = unique("fenced");
+    let (a, b) = (shared(&ns), shared(&ns));
+    let k = LeaseKey::new("ledger").unwrap();
+    let short = a.capabilities().min_ttl;
+    let stale = a
+        .try_acquire(&k, short)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    let bound = short + a.capabilities().expiry_slack + Duration::from_secs(3);
+    let fresh = acquire(&Arc::new(b.clone()), &k, TTL, bound)
+        .await
+        .unwrap()
+        .expect("taken over");
+    let target = format!("fenced-data/{ns}");
+    match a
+        .txn_if_held(&stale, vec![TxnOp::put(target.clone(), "stale", None)])
+        .await
+    {
+        Err(LeaseError::Lost { .. }) => {}
+        other => panic!("stale guarded txn: {other:?}"),
+    }
+    b.txn_if_held(&fresh, vec![TxnOp::put(target.clone(), "fresh", None)])
+        .await
+        .unwrap();
+    b.release(&fresh).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_are_exact_and_never_wake_on_a_longer_key() {
+    let ns = unique("exact");
+    let p = shared(&ns);
+    let short = LeaseKey::new("job").unwrap();
+    let long = LeaseKey::new("job-2").unwrap();
+    let nested = LeaseKey::new("job/2").unwrap();
+    let holder = p
+        .try_acquire(&short, TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    let others = [
+        p.try_acquire(&long, TTL)
+            .await
+            .unwrap()
+            .into_lease()
+            .expect("a longer key is another lease"),
+        p.try_acquire(&nested, TTL)
+            .await
+            .unwrap()
+            .into_lease()
+            .expect("a nested key is another lease"),
+    ];
+    let mut watch = p.watch(&short).await.unwrap();
+    for l in &others {
+        p.release(l).await.unwrap();
+    }
+    // Releasing the longer keys must not wake the watch on the short one.
+    let quiet = Duration::from_millis(800);
+    let started = Instant::now();
+    watch.changed(quiet).await;
+    assert!(
+        started.elapsed() >= quiet,
+        "woken after {:?} by another key",
+        started.elapsed()
+    );
+    // Releasing the key itself does, at once.
+    p.release(&holder).await.unwrap();
+    let started = Instant::now();
+    watch.changed(Duration::from_secs(10)).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn bad_endpoints_are_config_errors() {
+    for eps in [
+        vec![],
+        vec!["127.0.0.1:2379".to_string()],
+        vec!["etcd://x".to_string()],
+    ] {
+        let err = EtcdProvider::new(EtcdConfig::new(eps.clone())).unwrap_err();
+        assert!(matches!(err, LeaseError::Config(_)), "{eps:?}: {err}");
+    }
+}
