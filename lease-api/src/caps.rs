@@ -70,6 +70,12 @@ pub struct Capabilities {
     pub notifications: Notifications,
     /// Which clock decides expiry.
     pub expiry_clock: ExpiryClock,
+    /// Leases also end when the holder's session with the store ends
+    /// (ZooKeeper's ephemeral nodes): a crashed holder's key may then be free
+    /// before its TTL. The value is the session timeout; providers keep local
+    /// validity within it, so a holder cut off from the store learns of the loss
+    /// in time. `None`: leases end only by TTL or release.
+    pub holder_session: Option<Duration>,
 }
 
 impl Capabilities {
@@ -132,6 +138,7 @@ mod tests {
             durable_tokens: TokenDurability::Volatile("test".into()),
             notifications: Notifications::TimedRetryOnly,
             expiry_clock: ExpiryClock::ProcessMonotonic,
+            holder_session: None,
         }
     }
 

@@ -875,11 +875,15 @@ async fn waiter_gets_key_after_crashed_holder_expires(ctx: Ctx) -> CaseResult {
             "a crashed holder's lease did not free the key within {wait:?}"
         )));
     };
-    check!(
-        at >= sent + ttl,
-        "the waiter got the key {:?} before the TTL ended",
-        sent + ttl - at
-    );
+    // Where leases are bound to the holder's session (ZooKeeper), the store may
+    // free a crashed holder's key as soon as its session ends, before the TTL.
+    if waiter.capabilities().holder_session.is_none() {
+        check!(
+            at >= sent + ttl,
+            "the waiter got the key {:?} before the TTL ended",
+            sent + ttl - at
+        );
+    }
     waiter.release(&l).await?;
     Ok(())
 }

@@ -127,6 +127,7 @@ impl EtcdProvider {
             ),
             notifications: Notifications::Native("etcd watch"),
             expiry_clock: ExpiryClock::ConsensusLeader,
+            holder_session: None,
         };
         Ok(EtcdProvider {
             inner: Arc::new(Inner {

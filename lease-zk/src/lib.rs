@@ -1,0 +1,81 @@
+//! # lease-zk: leases on ZooKeeper
+//!
+//! [`ZkProvider`] keeps each lease as an **ephemeral** node, so a crashed process
+//! frees its leases when its session ends, uses the node's **czxid** as the
+//! fencing token, and judges TTL expiry on **ZooKeeper's clock**.
+//!
+//! ```no_run
+//! # async fn demo() -> lease_api::Result<()> {
+//! use std::time::Duration;
+//! use lease_api::{LeaseKey, LeaseProvider};
+//! use lease_zk::{ZkConfig, ZkProvider};
+//!
+//! let provider = ZkProvider::new(ZkConfig::new("zk1:2181,zk2:2181,zk3:2181").chroot("/apps").namespace("billing"))?;
+//! let key = LeaseKey::new("settlement/2026-12-02")?;
+//! if let Some(lease) = provider.try_acquire(&key, Duration::from_secs(10)).await?.into_lease() {
+//!     println!("holding {key} with fencing token {}", lease.token());
+//!     provider.release(&lease).await?;
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! ## Node layout
+//!
+//! ```text
+//! [chroot]/lease/<namespace>              persistent; also the clock probe
+//! [chroot]/lease/<namespace>/<key>        persistent; its version is the acquisition epoch
+//! [chroot]/lease/<namespace>/<key>/holder ephemeral; data "<owner>:<ttl ms>"; czxid = token
+//! ```
+//!
+//! Namespace and key are each encoded into ONE path segment: every byte but
+//! ASCII letters, digits, `-` and `_` is percent-encoded, so `/`, `.`, `..` and
+//! `zookeeper` are ordinary keys and no two keys share a node. The persistent key
+//! node stays after release (one small node per key ever used).
+//!
+//! ## Tokens
+//!
+//! The holder node's czxid: the id of the transaction that created it. zxids are
+//! global, strictly increasing and carry the leader epoch in their high bits, so
+//! tokens grow across every acquisition, client, leader change and restart.
+//!
+//! ## Expiry clock
+//!
+//! ZooKeeper has no TTL for ephemeral nodes, and its container TTLs are far too
+//! coarse. So a lease is expired when `now >= mtime + ttl` where `mtime` is the
+//! holder node's modification time (set by the leader when it committed the last
+//! acquire or extend) and `now` is the mtime of a probe write to the namespace
+//! node, also set by the leader. No client clock takes part. Taking over an
+//! expired holder is one multi: delete the holder at the version that was judged
+//! expired, create ours, bump the key node's version. If leadership moves between
+//! the two writes, the judgement uses two servers' wall clocks; keep ZooKeeper
+//! hosts in NTP sync (the declared slack covers millisecond rounding only).
+//!
+//! ## Extend and release
+//!
+//! Every acquisition bumps the persistent key node's version (the epoch, kept in
+//! the lease). Extend checks owner, czxid and expiry, then runs a multi
+//! `check(key node, epoch) + setData(holder, version)`; release runs `check(key
+//! node, epoch) + delete(holder)`. A holder node deleted and recreated by a
+//! takeover always comes with a new epoch, so a stale holder can never touch it,
+//! even when node versions happen to match.
+//!
+//! ## Sessions
+//!
+//! A lease lives on the provider's session. When the session expires (the holder
+//! was cut off longer than the session timeout), ZooKeeper deletes the holder
+//! node and another process can take the key at once. Local validity therefore
+//! never extends past `session timeout` after the last acquire or extend was
+//! sent, and a guard's next renewal finds the node gone: the lost signal fires
+//! either way. The provider opens a new session for later calls.
+//!
+//! ## Waiting
+//!
+//! Waiters set an exists watch on the holder node before trying; its deletion
+//! (release, takeover or session end) wakes them, with a timed retry at the
+//! holder's remaining TTL as fallback.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod provider;
+
+pub use provider::{ZkConfig, ZkProvider};
