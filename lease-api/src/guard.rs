@@ -13,10 +13,12 @@ use crate::{FencingToken, Lease, LeaseError, LeaseKey, LeaseProvider, Result};
 #[derive(Clone, Debug, Default)]
 pub struct GuardConfig {
     /// Renew this long after the last successful renewal was sent.
-    /// Default: a third of the granted TTL.
+    /// Default: a third of the lease's local validity window (for most
+    /// providers a third of the TTL; shorter where validity is capped, as on
+    /// ZooKeeper by the session timeout).
     pub renew_every: Option<Duration>,
     /// After a failed renewal (store unreachable), retry after this long.
-    /// Default: a tenth of the TTL, between 10 ms and 1 s.
+    /// Default: a tenth of the validity window, between 10 ms and 1 s.
     pub retry_every: Option<Duration>,
     /// Do not release the lease when the guard is dropped without
     /// [`LeaseGuard::release`]; let it run out instead. Default: release.
@@ -117,14 +119,18 @@ impl LeaseGuard {
         lease: Lease,
         config: GuardConfig,
     ) -> Self {
-        let ttl = lease.ttl();
+        // The window in which the lease is surely held: the TTL, or less where
+        // the provider caps local validity (ZooKeeper: the session timeout).
+        let window = lease
+            .valid_until()
+            .saturating_duration_since(lease.sent_at());
         let renew_every = config
             .renew_every
-            .unwrap_or(ttl / 3)
+            .unwrap_or(window / 3)
             .max(Duration::from_millis(1));
         let retry_every = config
             .retry_every
-            .unwrap_or((ttl / 10).clamp(Duration::from_millis(10), Duration::from_secs(1)))
+            .unwrap_or((window / 10).clamp(Duration::from_millis(10), Duration::from_secs(1)))
             .max(Duration::from_millis(1));
         let shared = Arc::new(Shared {
             lease: Mutex::new(lease),

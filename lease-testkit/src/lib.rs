@@ -380,3 +380,108 @@ pub fn owned_etcd() -> OwnedProcess {
     ];
     OwnedProcess::start("etcd", "etcd", args, port, dir)
 }
+
+/// `zkServer.sh`, from `LEASE_TEST_ZK_SERVER` or Debian's location.
+fn zk_server() -> PathBuf {
+    match std::env::var("LEASE_TEST_ZK_SERVER") {
+        Ok(p) if !p.is_empty() => PathBuf::from(p),
+        _ => PathBuf::from("/usr/share/zookeeper/bin/zkServer.sh"),
+    }
+}
+
+/// A private standalone ZooKeeper on a free port (tickTime 200 ms, so session
+/// timeouts from 400 ms to 20 s are allowed), data in a temporary directory.
+///
+/// # Panics
+/// When the configuration cannot be written or the server does not start.
+pub fn owned_zk() -> OwnedProcess {
+    let port = free_port();
+    let dir = TempDir::new("lease-zk");
+    let cfg = dir.path().join("zoo.cfg");
+    std::fs::write(
+        &cfg,
+        format!(
+            "tickTime=200\ninitLimit=10\nsyncLimit=5\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\n\
+             minSessionTimeout=400\nmaxSessionTimeout=20000\nadmin.enableServer=false\n4lw.commands.whitelist=srvr,ruok\n",
+            dir.path().join("data").display()
+        ),
+    )
+    .expect("write zoo.cfg");
+    OwnedProcess::start(
+        "zookeeper",
+        zk_server(),
+        vec!["start-foreground".into(), cfg.display().to_string()],
+        port,
+        dir,
+    )
+}
+
+/// A TCP proxy on loopback that a test can cut and heal, to partition one
+/// client from a server without touching anyone else's connection.
+#[derive(Debug)]
+pub struct Proxy {
+    port: u16,
+    cut: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    /// Starts forwarding a free loopback port to `127.0.0.1:target`.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime, or if no port can be bound.
+    pub async fn start(target: u16) -> Proxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind proxy port");
+        let port = listener.local_addr().expect("proxy address").port();
+        let (cut, watch) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((inbound, _)) = listener.accept().await else {
+                    continue;
+                };
+                if *watch.borrow() {
+                    drop(inbound); // refused while cut
+                    continue;
+                }
+                let mut watch = watch.clone();
+                tokio::spawn(async move {
+                    let Ok(outbound) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await
+                    else {
+                        return;
+                    };
+                    let (mut ri, mut wi) = inbound.into_split();
+                    let (mut ro, mut wo) = outbound.into_split();
+                    tokio::select! {
+                        _ = tokio::io::copy(&mut ri, &mut wo) => {}
+                        _ = tokio::io::copy(&mut ro, &mut wi) => {}
+                        _ = watch.wait_for(|cut| *cut) => {}
+                    }
+                });
+            }
+        });
+        Proxy { port, cut, task }
+    }
+
+    /// The port clients connect to.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Drops every connection and refuses new ones until [`heal`](Self::heal).
+    pub fn cut(&self) {
+        let _ = self.cut.send(true);
+    }
+
+    /// Accepts connections again.
+    pub fn heal(&self) {
+        let _ = self.cut.send(false);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -64,9 +64,13 @@
 //! A lease lives on the provider's session. When the session expires (the holder
 //! was cut off longer than the session timeout), ZooKeeper deletes the holder
 //! node and another process can take the key at once. Local validity therefore
-//! never extends past `session timeout` after the last acquire or extend was
-//! sent, and a guard's next renewal finds the node gone: the lost signal fires
-//! either way. The provider opens a new session for later calls.
+//! never extends past two thirds of the session timeout after the last acquire
+//! or extend was sent (the point where ZooKeeper's own clients consider a
+//! silent session in doubt), and guards renew within that window: a cut-off
+//! holder's lost signal fires before the server can expire its session. While
+//! the connection is down (session still alive) calls fail with `Unavailable`
+//! at once instead of being queued and sent after the reconnect. The provider
+//! opens a new session once the old one expired.
 //!
 //! ## Waiting
 //!

@@ -232,13 +232,23 @@ impl ZkProvider {
     /// The session's client; a new session when there is none or it ended.
     async fn client(&self) -> Result<Client> {
         let mut slot = self.inner.client.lock().await;
-        if let Some(c) = slot.as_ref()
-            && !matches!(
-                c.state(),
-                SessionState::Expired | SessionState::Closed | SessionState::AuthFailed
-            )
-        {
-            return Ok(c.clone());
+        if let Some(c) = slot.as_ref() {
+            match c.state() {
+                SessionState::Expired | SessionState::Closed | SessionState::AuthFailed => {}
+                // The client would queue requests until it reconnects and then
+                // send them, long after we gave up on them: an acquire could come
+                // back to life as a lease nobody knows about. Refuse instead.
+                SessionState::Disconnected => {
+                    return Err(LeaseError::Unavailable {
+                        message: format!(
+                            "the connection to ZooKeeper at {} is down; the client is reconnecting",
+                            self.inner.config.hosts
+                        ),
+                        source: None,
+                    });
+                }
+                _ => return Ok(c.clone()),
+            }
         }
         let c = &self.inner.config;
         let cluster = match &c.chroot {
@@ -368,7 +378,10 @@ impl ZkProvider {
     /// `session_timeout` after it last heard from us, and the ephemeral holder
     /// node goes with it.
     fn bounded_validity(&self, lease: Lease) -> Lease {
-        let session = self.inner.config.session_timeout;
+        // Like ZooKeeper's own clients, count a session as in doubt after two
+        // thirds of its timeout without an answer: the server expires it at the
+        // earliest a full timeout after it last heard from us.
+        let session = self.inner.config.session_timeout * 2 / 3;
         let limit = lease.sent_at() + session.saturating_sub(drift_margin(session));
         lease.with_valid_until(limit)
     }

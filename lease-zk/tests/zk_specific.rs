@@ -1,0 +1,207 @@
+//! ZooKeeper-specific behaviour on private servers: session loss, restarts,
+//! outages, and keys that look like paths.
+
+use std::time::{Duration, Instant};
+
+use lease_api::{LeaseError, LeaseGuard, LeaseKey, LeaseProvider, acquire};
+use lease_testkit::{OwnedProcess, Proxy, owned_zk, store_url};
+use lease_zk::{ZkConfig, ZkProvider};
+use std::sync::Arc;
+
+const TTL: Duration = Duration::from_secs(30);
+const TIMEOUT: Duration = Duration::from_millis(800);
+
+fn on_port(port: u16) -> ZkConfig {
+    ZkConfig::new(format!("127.0.0.1:{port}")).timeouts(TIMEOUT, TIMEOUT)
+}
+
+async fn until_ok<T, F, Fut>(mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, LeaseError>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match f().await {
+            Ok(v) => return v,
+            Err(e) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the provider did not recover: {e}"
+                );
+                assert!(
+                    matches!(e, LeaseError::Unavailable { .. }),
+                    "recovering gave {e:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_session_frees_the_key_and_the_holders_guard_has_fired() {
+    let zk: OwnedProcess = owned_zk();
+    let proxy = Proxy::start(zk.port()).await;
+    let session = Duration::from_secs(2);
+    let holder: Arc<dyn LeaseProvider> =
+        Arc::new(ZkProvider::new(on_port(proxy.port()).session_timeout(session)).unwrap());
+    let other = Arc::new(ZkProvider::new(on_port(zk.port())).unwrap());
+    let k = LeaseKey::new("session-bound").unwrap();
+    let lease = until_ok(|| holder.try_acquire(&k, TTL))
+        .await
+        .into_lease()
+        .unwrap();
+    assert!(
+        lease.valid_until() <= lease.sent_at() + session,
+        "validity must not outlast the session"
+    );
+    let guard = LeaseGuard::new(Arc::clone(&holder), lease.clone());
+    let lost = guard.lost_token();
+    let lost_at = tokio::spawn(async move {
+        lost.cancelled().await;
+        Instant::now()
+    });
+    // The holder is cut off; its session expires on the server after `session`.
+    proxy.cut();
+    let started = Instant::now();
+    let next = acquire(&other, &k, TTL, Duration::from_secs(20))
+        .await
+        .unwrap()
+        .expect("freed by session expiry");
+    assert!(
+        started.elapsed() < TTL,
+        "freed by the session, long before the TTL"
+    );
+    assert!(next.token() > lease.token());
+    let taken_at = Instant::now();
+    let fired = lost_at.await.unwrap();
+    eprintln!(
+        "lost fired {:?} after the cut, key taken {:?} after the cut, reason {:?}",
+        fired - started,
+        taken_at - started,
+        guard.lost_reason()
+    );
+    // Safety: the cut-off holder knew before anyone else could take the key.
+    assert!(
+        guard.is_lost(),
+        "the holder's guard had not fired when the key was taken {:?} after the cut; validity ends in {:?}; last renewal sent {:?} ago",
+        started.elapsed(),
+        guard
+            .lease()
+            .valid_until()
+            .saturating_duration_since(tokio::time::Instant::now()),
+        guard.lease().sent_at().elapsed()
+    );
+    proxy.heal();
+    // The holder gets a new session and sees the key held by the other.
+    let again = until_ok(|| holder.try_acquire(&k, TTL)).await;
+    assert!(!again.is_acquired());
+    assert!(matches!(
+        holder.release(&lease).await,
+        Err(LeaseError::NotHeld { .. })
+    ));
+    other.release(&next).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_survive_a_restart_and_outages_are_unavailable() {
+    let mut zk = owned_zk();
+    let p = ZkProvider::new(on_port(zk.port())).unwrap();
+    assert!(p.capabilities().durable_tokens.is_durable());
+    let k = LeaseKey::new("restart").unwrap();
+    let first = until_ok(|| p.try_acquire(&k, TTL))
+        .await
+        .into_lease()
+        .unwrap();
+    p.release(&first).await.unwrap();
+    zk.stop();
+    let started = Instant::now();
+    let err = p.try_acquire(&k, TTL).await.unwrap_err();
+    assert!(matches!(err, LeaseError::Unavailable { .. }), "{err:?}");
+    assert!(
+        started.elapsed() < TIMEOUT * 4 + Duration::from_secs(2),
+        "took {:?}",
+        started.elapsed()
+    );
+    zk.start_again();
+    // Wait for the server with a call that changes no lease: a try_acquire that
+    // failed on a lost response may have created a lease nobody knows about.
+    let seen = until_ok(|| p.inspect(&k)).await;
+    assert!(
+        seen.is_none(),
+        "after release and restart the key shows {seen:?}"
+    );
+    let second = p
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .expect("free after restart");
+    assert!(
+        second.token() > first.token(),
+        "token {} after {}",
+        second.token(),
+        first.token()
+    );
+    p.release(&second).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn path_like_keys_are_distinct_single_nodes() {
+    let ns = format!(
+        "paths-{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    );
+    let p = ZkProvider::new(ZkConfig::new(store_url("LEASE_TEST_ZK_URL")).namespace(ns)).unwrap();
+    let names = [
+        "/",
+        "a/b",
+        "a",
+        "b",
+        ".",
+        "..",
+        "../..",
+        "zookeeper",
+        "/zookeeper",
+        "%2F",
+        "ключ",
+        "🔒",
+        "holder",
+        "a/holder",
+    ];
+    let mut leases = Vec::new();
+    for n in names {
+        let k = LeaseKey::new(n).unwrap();
+        leases.push(
+            p.try_acquire(&k, TTL)
+                .await
+                .unwrap()
+                .into_lease()
+                .unwrap_or_else(|| panic!("{n:?} collided")),
+        );
+    }
+    for l in &leases {
+        assert_eq!(p.inspect(l.key()).await.unwrap().unwrap().token, l.token());
+        p.release(l).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn bad_configuration_is_refused() {
+    assert!(matches!(
+        ZkProvider::new(ZkConfig::new("")),
+        Err(LeaseError::Config(_))
+    ));
+    assert!(matches!(
+        ZkProvider::new(ZkConfig::new("h:2181/chroot")),
+        Err(LeaseError::Config(_))
+    ));
+    assert!(matches!(
+        ZkProvider::new(ZkConfig::new("h:2181").chroot("relative")),
+        Err(LeaseError::Config(_))
+    ));
+}
