@@ -370,13 +370,19 @@ async fn expired_lease_is_taken_over_in_time(ctx: Ctx) -> CaseResult {
     let p2 = ctx.provider().await?;
     let key = ctx.key("expiry")?;
     let ttl = short_ttl(&*p1);
+    // Warm both providers up (connections, table creation) so that the timed
+    // part measures the store, not first-use set-up.
+    p1.inspect(&key).await?;
+    p2.inspect(&key).await?;
     let sent = Instant::now();
     let a = must_acquire(&*p1, &key, ttl).await?;
     let acked = Instant::now();
     // Before the TTL (measured from when we sent the acquire) it must be held.
-    // An attempt is conclusive only if it completed before sent + TTL.
+    // An attempt is conclusive only if it completed before sent + TTL; on a
+    // loaded machine a late attempt may legitimately find it expired.
     let mut conclusive = 0;
-    for fraction in [4u32, 2] {
+    let mut early_takeover = None;
+    for fraction in [2u32, 4] {
         sleep_until(sent + ttl - ttl / fraction).await;
         let outcome = p2.try_acquire(&key, ttl).await?;
         let done = Instant::now();
@@ -387,10 +393,8 @@ async fn expired_lease_is_taken_over_in_time(ctx: Ctx) -> CaseResult {
                 sent + ttl - done,
                 l.token()
             );
-            p2.release(&l).await?;
-            return Err(CaseError(
-                "the machine was too slow to judge the TTL; no conclusive check".into(),
-            ));
+            early_takeover = Some(l);
+            break;
         }
         if done < sent + ttl {
             conclusive += 1;
@@ -402,18 +406,23 @@ async fn expired_lease_is_taken_over_in_time(ctx: Ctx) -> CaseResult {
     );
     // After TTL + slack another acquirer gets it.
     let bound = acked + expiry_bound(&*p1, ttl);
-    let Some(b) = acquire(
-        &p2,
-        &key,
-        ttl,
-        bound.saturating_duration_since(Instant::now()),
-    )
-    .await?
-    else {
-        return Err(CaseError(format!(
-            "not taken over within TTL {ttl:?} + slack + tolerance"
-        )));
+    let b = match early_takeover {
+        Some(l) => l,
+        None => {
+            let wait = bound.saturating_duration_since(Instant::now());
+            let Some(b) = acquire(&p2, &key, ttl, wait).await? else {
+                return Err(CaseError(format!(
+                    "not taken over within TTL {ttl:?} + slack + tolerance"
+                )));
+            };
+            b
+        }
     };
+    check!(
+        Instant::now() <= bound,
+        "taken over only {:?} after the bound",
+        Instant::now() - bound
+    );
     check!(b.token() > a.token(), "takeover token did not grow");
     p2.release(&b).await?;
     Ok(())
@@ -722,7 +731,11 @@ async fn granted_ttl_follows_capabilities(ctx: Ctx) -> CaseResult {
         "declared granularity is zero"
     );
     let key = ctx.key("granted")?;
-    let odd = caps.min_ttl + caps.ttl_granularity / 2 + Duration::from_micros(300);
+    // An odd TTL a little above a practical one, so rounding shows, and long
+    // enough that the lease outlives the extend below even on a slow machine.
+    let odd = caps.practical_ttl(Duration::from_millis(400))
+        + caps.ttl_granularity / 2
+        + Duration::from_micros(300);
     let expected = caps.grant_ttl(odd)?;
     check!(expected >= odd, "grant_ttl rounded down");
     check!(

@@ -93,7 +93,10 @@ impl Drop for Listener {
 }
 
 struct Inner {
-    pool: PgPool,
+    /// Made on first use: the pool spawns tasks, so it needs a runtime.
+    pool: OnceLock<PgPool>,
+    connect_options: PgConnectOptions,
+    pool_options: PgPoolOptions,
     sql: Statements,
     namespace: String,
     create_table: bool,
@@ -161,11 +164,10 @@ impl PostgresProvider {
             ))
         })?;
         let display = format!("postgres://{}:{}", options.get_host(), options.get_port());
-        let pool = PgPoolOptions::new()
+        let pool_options = PgPoolOptions::new()
             .max_connections(config.max_connections)
             .min_connections(0)
-            .acquire_timeout(config.connect_timeout)
-            .connect_lazy_with(options);
+            .acquire_timeout(config.connect_timeout);
         let base = Capabilities {
             backend: "postgres",
             min_ttl: Duration::from_millis(10),
@@ -181,7 +183,9 @@ impl PostgresProvider {
         };
         Ok(PostgresProvider {
             inner: Arc::new(Inner {
-                pool,
+                pool: OnceLock::new(),
+                connect_options: options,
+                pool_options,
                 sql: Statements::new(&config.schema, &config.table),
                 namespace: config.namespace,
                 create_table: config.create_table,
@@ -206,9 +210,25 @@ impl PostgresProvider {
     }
 
     /// The pool, to run your own statements (for example inside
-    /// [`begin_fenced`](Self::begin_fenced)'s transaction).
-    pub fn pool(&self) -> &PgPool {
-        &self.inner.pool
+    /// [`begin_fenced`](Self::begin_fenced)'s transaction). Made on first use.
+    ///
+    /// # Errors
+    /// [`LeaseError::Config`] when called outside a tokio runtime.
+    pub fn pool(&self) -> Result<&PgPool> {
+        if let Some(p) = self.inner.pool.get() {
+            return Ok(p);
+        }
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(LeaseError::Config(
+                "PostgresProvider must be used inside a tokio runtime".into(),
+            ));
+        }
+        Ok(self.inner.pool.get_or_init(|| {
+            self.inner
+                .pool_options
+                .clone()
+                .connect_lazy_with(self.inner.connect_options.clone())
+        }))
     }
 
     fn map_err(&self, e: sqlx::Error) -> LeaseError {
@@ -254,7 +274,11 @@ impl PostgresProvider {
     pub async fn migrate(&self) -> Result<()> {
         let sql = &self.inner.sql;
         self.bounded("the migration", async {
-            let mut tx = self.inner.pool.begin().await?;
+            let mut tx = self
+                .pool()
+                .map_err(|e| sqlx::Error::Configuration(e.into()))?
+                .begin()
+                .await?;
             sqlx::query("SELECT pg_advisory_xact_lock(hashtext('lease-postgres migrate'))")
                 .execute(&mut *tx)
                 .await?;
@@ -293,7 +317,7 @@ impl PostgresProvider {
                 sqlx::query(
                     "SELECT current_setting('fsync'), current_setting('synchronous_commit')",
                 )
-                .fetch_one(&self.inner.pool),
+                .fetch_one(self.pool()?),
             )
             .await?;
         let fsync: String = row.try_get(0).unwrap_or_default();
@@ -355,7 +379,7 @@ impl PostgresProvider {
     /// `Unavailable` when the database cannot be reached.
     pub async fn begin_fenced(&self, lease: &Lease) -> Result<Transaction<'static, Postgres>> {
         self.ready().await?;
-        let mut tx = self.bounded("BEGIN", self.inner.pool.begin()).await?;
+        let mut tx = self.bounded("BEGIN", self.pool()?.begin()).await?;
         let held = self
             .bounded(
                 "the fence check",
@@ -383,9 +407,10 @@ impl PostgresProvider {
             return Ok(());
         }
         let channel = self.inner.sql.channel.clone();
+        let pool = self.pool()?;
         let mut listener = self
             .bounded("LISTEN", async {
-                let mut l = PgListener::connect_with(&self.inner.pool).await?;
+                let mut l = PgListener::connect_with(pool).await?;
                 l.listen(&channel).await?;
                 Ok(l)
             })
@@ -447,7 +472,7 @@ impl LeaseProvider for PostgresProvider {
                     .bind(key.as_str())
                     .bind(owner.to_hex())
                     .bind(micros(ttl))
-                    .fetch_optional(&self.inner.pool),
+                    .fetch_optional(self.pool()?),
             )
             .await?;
         let Some(row) = row else {
@@ -488,7 +513,7 @@ impl LeaseProvider for PostgresProvider {
                     .bind(lease.owner().to_hex())
                     .bind(token_i64(lease.token())?)
                     .bind(micros(ttl))
-                    .execute(&self.inner.pool),
+                    .execute(self.pool()?),
             )
             .await?;
         if done.rows_affected() == 1 {
@@ -519,7 +544,7 @@ impl LeaseProvider for PostgresProvider {
                     .bind(token_i64(lease.token())?)
                     .bind(&self.inner.sql.channel)
                     .bind(payload(&self.inner.namespace, lease.key().as_str()))
-                    .fetch_optional(&self.inner.pool),
+                    .fetch_optional(self.pool()?),
             )
             .await?;
         match released {
@@ -539,7 +564,7 @@ impl LeaseProvider for PostgresProvider {
                 sqlx::query(&self.inner.sql.inspect)
                     .bind(&self.inner.namespace)
                     .bind(key.as_str())
-                    .fetch_optional(&self.inner.pool),
+                    .fetch_optional(self.pool()?),
             )
             .await?;
         let Some(row) = row else { return Ok(None) };

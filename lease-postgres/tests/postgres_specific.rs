@@ -211,7 +211,7 @@ async fn many_processes_creating_the_table_at_once_all_succeed() {
     // migrate() is idempotent.
     providers[0].migrate().await.unwrap();
     let n: i64 = sqlx::query(&format!("SELECT count(*) FROM \"{schema}\".custom_leases"))
-        .fetch_one(providers[0].pool())
+        .fetch_one(providers[0].pool().unwrap())
         .await
         .unwrap()
         .get(0);
@@ -226,7 +226,7 @@ async fn paused_holders_fenced_transaction_is_rejected_and_writes_nothing() {
     sqlx::query(&format!(
         "CREATE TABLE {table} (batch text, writer_token bigint)"
     ))
-    .execute(a.pool())
+    .execute(a.pool().unwrap())
     .await
     .unwrap();
     let k = LeaseKey::new("batch-7").unwrap();
@@ -252,7 +252,7 @@ async fn paused_holders_fenced_transaction_is_rejected_and_writes_nothing() {
         .unwrap();
     tx.commit().await.unwrap();
     let rows: Vec<i64> = sqlx::query(&format!("SELECT writer_token FROM {table}"))
-        .fetch_all(a.pool())
+        .fetch_all(a.pool().unwrap())
         .await
         .unwrap()
         .iter()

@@ -30,7 +30,10 @@ pub(crate) struct Timeouts {
 pub(crate) struct Node {
     pub(crate) display: String,
     client: redis::Client,
-    manager: ConnectionManager,
+    config: ConnectionManagerConfig,
+    /// Made on first use: the connection manager spawns a task, so it needs
+    /// the runtime that the first call runs on.
+    manager: tokio::sync::OnceCell<ConnectionManager>,
     timeouts: Timeouts,
     subscription: tokio::sync::Mutex<Option<Subscription>>,
 }
@@ -68,17 +71,30 @@ impl Node {
             .set_response_timeout(Some(timeouts.response))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(200));
-        let manager =
-            ConnectionManager::new_lazy_with_config(client.clone(), config).map_err(|e| {
-                LeaseError::Config(format!("cannot set up the connection to {display}: {e}"))
-            })?;
         Ok(Node {
             display,
             client,
-            manager,
+            config,
+            manager: tokio::sync::OnceCell::new(),
             timeouts,
             subscription: tokio::sync::Mutex::new(None),
         })
+    }
+
+    async fn manager(&self) -> Result<ConnectionManager> {
+        let m = self
+            .manager
+            .get_or_try_init(|| async {
+                ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
+                    .map_err(|e| {
+                        LeaseError::Config(format!(
+                            "cannot set up the connection to {}: {e}",
+                            self.display
+                        ))
+                    })
+            })
+            .await?;
+        Ok(m.clone())
     }
 
     pub(crate) fn map_err(&self, e: RedisError) -> LeaseError {
@@ -112,7 +128,7 @@ impl Node {
         for a in args {
             invocation.arg(*a);
         }
-        let mut conn = self.manager.clone();
+        let mut conn = self.manager().await?;
         let limit = self.timeouts.connect + self.timeouts.response;
         match tokio::time::timeout(limit, invocation.invoke_async(&mut conn)).await {
             Ok(r) => r.map_err(|e| self.map_err(e)),
@@ -125,7 +141,7 @@ impl Node {
 
     /// Runs one command, bounded like [`Node::eval`].
     pub(crate) async fn query<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T> {
-        let mut conn = self.manager.clone();
+        let mut conn = self.manager().await?;
         let limit = self.timeouts.connect + self.timeouts.response;
         match tokio::time::timeout(limit, cmd.query_async(&mut conn)).await {
             Ok(r) => r.map_err(|e| self.map_err(e)),

@@ -152,6 +152,8 @@ impl RedlockProvider {
                  or stays down longer than the longest TTL"
                     .into(),
             ),
+            // A lease must outlive a round to every node plus the drift margin.
+            min_ttl: Duration::from_millis(100),
             ..base_capabilities("redlock", ExpiryClock::QuorumOfServers)
         };
         Ok(RedlockProvider {

@@ -251,20 +251,29 @@ impl ZkProvider {
             }
         }
         let c = &self.inner.config;
-        let cluster = match &c.chroot {
-            Some(chroot) => format!("{}{chroot}", c.hosts),
-            None => c.hosts.clone(),
-        };
         let connect = Client::connector()
             .with_session_timeout(c.session_timeout)
             .with_connection_timeout(c.connect_timeout)
             .with_fail_eagerly()
-            .connect(&cluster);
-        let client =
+            .connect(&c.hosts);
+        let mut client =
             match tokio::time::timeout(c.connect_timeout + c.request_timeout, connect).await {
                 Ok(r) => r.map_err(|e| self.map_err(e))?,
                 Err(_) => return Err(self.timeout_error("the connection")),
             };
+        // The chroot is created if missing, then every path is relative to it.
+        if let Some(chroot) = &c.chroot {
+            let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
+            let made = client.mkdir(chroot, &persistent);
+            match tokio::time::timeout(c.request_timeout, made).await {
+                Ok(Ok(())) | Ok(Err(ZkError::NodeExists)) => {}
+                Ok(Err(e)) => return Err(self.map_err(e)),
+                Err(_) => return Err(self.timeout_error("creating the chroot")),
+            }
+            client = client.chroot(chroot.as_str()).map_err(|_| {
+                LeaseError::Config(format!("ZooKeeper chroot {chroot:?} is not a valid path"))
+            })?;
+        }
         // The namespace node: the parent of every lease, and the clock probe.
         for path in ["/lease", self.inner.ns_path.as_str()] {
             let created = client.create(

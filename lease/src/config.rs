@@ -1,0 +1,614 @@
+//! Choosing a store by configuration: URLs, a serde struct, TOML, environment.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_api::{DEFAULT_NAMESPACE, LeaseError, LeaseProvider, MemoryProvider, Result};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// The store URL forms this crate understands.
+pub const URL_FORMS: &str = "memory://, redis://host:port[/db], rediss://..., \
+redlock://host1:port,host2:port,host3:port, postgres://user@host/db[?lease_table=schema.table], \
+etcd://host1:port[,host2:port] (etcds:// for TLS), zk://host1:port[,host2:port][/chroot]";
+
+/// A parsed store URL.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Store {
+    /// `memory://`: the in-memory provider (one store per process).
+    Memory,
+    /// `redis://` or `rediss://`: one Redis server.
+    Redis(String),
+    /// `redlock://h1,h2,h3`: independent Redis nodes (as `redis://` URLs).
+    Redlock(Vec<String>),
+    /// `postgres://` or `postgresql://`.
+    Postgres {
+        /// The connection URL without the `lease_*` parameters.
+        url: String,
+        /// The schema of the lease table.
+        schema: String,
+        /// The lease table.
+        table: String,
+    },
+    /// `etcd://h1,h2`: endpoints as `http://` (or `https://` from `etcds://`).
+    Etcd(Vec<String>),
+    /// `zk://h1,h2/chroot`.
+    Zk {
+        /// `host:port` list.
+        hosts: String,
+        /// Optional chroot.
+        chroot: Option<String>,
+    },
+}
+
+fn config_err(msg: impl Into<String>) -> LeaseError {
+    LeaseError::Config(msg.into())
+}
+
+fn hosts(scheme: &str, list: &str) -> Result<Vec<String>> {
+    let hosts: Vec<String> = list.split(',').map(str::trim).map(str::to_owned).collect();
+    if hosts
+        .iter()
+        .any(|h| h.is_empty() || h.contains('/') || h.contains('?'))
+    {
+        return Err(config_err(format!(
+            "{scheme}:// needs a comma-separated list of host:port, got {list:?}"
+        )));
+    }
+    Ok(hosts)
+}
+
+impl Store {
+    /// Parses a store URL (see [`URL_FORMS`]).
+    ///
+    /// # Errors
+    /// [`LeaseError::Config`] naming what to fix: a missing or unknown scheme,
+    /// a malformed host list, too few Redlock nodes, a bad table name.
+    pub fn parse(url: &str) -> Result<Store> {
+        let url = url.trim();
+        let Some((scheme, rest)) = url.split_once("://") else {
+            return Err(config_err(format!(
+                "store URL {url:?} has no scheme; use one of: {URL_FORMS}"
+            )));
+        };
+        match scheme.to_ascii_lowercase().as_str() {
+            "memory" => Ok(Store::Memory),
+            "redis" | "rediss" => {
+                if rest.is_empty() {
+                    return Err(config_err(format!(
+                        "{scheme}:// needs a host, e.g. {scheme}://127.0.0.1:6379"
+                    )));
+                }
+                Ok(Store::Redis(url.to_owned()))
+            }
+            "redlock" => {
+                let nodes = hosts("redlock", rest)?;
+                if nodes.len() < 3 {
+                    return Err(config_err(format!(
+                        "redlock:// needs at least 3 independent Redis nodes, got {}",
+                        nodes.len()
+                    )));
+                }
+                Ok(Store::Redlock(
+                    nodes.into_iter().map(|h| format!("redis://{h}")).collect(),
+                ))
+            }
+            "postgres" | "postgresql" => {
+                let (base, query) = url.split_once('?').unwrap_or((url, ""));
+                let mut keep = Vec::new();
+                let (mut schema, mut table) = ("public".to_owned(), "lease_leases".to_owned());
+                for pair in query.split('&').filter(|p| !p.is_empty()) {
+                    match pair.split_once('=') {
+                        Some(("lease_table", v)) => match v.split_once('.') {
+                            Some((s, t)) => (schema, table) = (s.to_owned(), t.to_owned()),
+                            None => table = v.to_owned(),
+                        },
+                        _ => keep.push(pair),
+                    }
+                }
+                let url = if keep.is_empty() {
+                    base.to_owned()
+                } else {
+                    format!("{base}?{}", keep.join("&"))
+                };
+                Ok(Store::Postgres { url, schema, table })
+            }
+            "etcd" | "etcds" => {
+                let proto = if scheme.eq_ignore_ascii_case("etcds") {
+                    "https"
+                } else {
+                    "http"
+                };
+                Ok(Store::Etcd(
+                    hosts("etcd", rest.trim_end_matches('/'))?
+                        .into_iter()
+                        .map(|h| format!("{proto}://{h}"))
+                        .collect(),
+                ))
+            }
+            "zk" | "zookeeper" => {
+                let (list, chroot) = match rest.find('/') {
+                    Some(i) if i + 1 < rest.len() => {
+                        (&rest[..i], Some(rest[i..].trim_end_matches('/').to_owned()))
+                    }
+                    Some(i) => (&rest[..i], None),
+                    None => (rest, None),
+                };
+                Ok(Store::Zk {
+                    hosts: hosts("zk", list)?.join(","),
+                    chroot,
+                })
+            }
+            other => Err(config_err(format!(
+                "unknown store scheme {other:?}; use one of: {URL_FORMS}"
+            ))),
+        }
+    }
+
+    /// The same kind of store, pointed at a loopback port nothing listens on:
+    /// what the conformance suite uses to check outage handling.
+    pub fn unreachable(&self) -> Store {
+        match self {
+            Store::Memory => Store::Memory,
+            Store::Redis(_) => Store::Redis("redis://127.0.0.1:1".into()),
+            Store::Redlock(_) => Store::Redlock(vec![
+                "redis://127.0.0.1:1".into(),
+                "redis://127.0.0.1:2".into(),
+                "redis://127.0.0.1:3".into(),
+            ]),
+            Store::Postgres { schema, table, .. } => Store::Postgres {
+                url: "postgres://lease@127.0.0.1:1/lease".into(),
+                schema: schema.clone(),
+                table: table.clone(),
+            },
+            Store::Etcd(_) => Store::Etcd(vec!["http://127.0.0.1:1".into()]),
+            Store::Zk { .. } => Store::Zk {
+                hosts: "127.0.0.1:1".into(),
+                chroot: None,
+            },
+        }
+    }
+
+    /// The backend's short name.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Store::Memory => "memory",
+            Store::Redis(_) => "redis",
+            Store::Redlock(_) => "redlock",
+            Store::Postgres { .. } => "postgres",
+            Store::Etcd(_) => "etcd",
+            Store::Zk { .. } => "zookeeper",
+        }
+    }
+
+    /// Builds a provider. Connections are made on first use, so this does not
+    /// fail when the store is down.
+    ///
+    /// # Errors
+    /// [`LeaseError::Config`] for invalid settings or a backend whose cargo
+    /// feature is off.
+    pub fn build(
+        &self,
+        namespace: &str,
+        connect: Duration,
+        request: Duration,
+    ) -> Result<Arc<dyn LeaseProvider>> {
+        lease_api::validate_namespace(namespace)?;
+        let _ = (connect, request);
+        match self {
+            Store::Memory => Ok(Arc::new(lease_api::MemoryStore::new().provider(namespace)?)),
+            #[cfg(feature = "redis")]
+            Store::Redis(url) => Ok(Arc::new(lease_redis::RedisProvider::new(
+                lease_redis::RedisConfig::new(url)
+                    .namespace(namespace)
+                    .timeouts(connect, request),
+            )?)),
+            #[cfg(feature = "redis")]
+            Store::Redlock(urls) => Ok(Arc::new(lease_redis::RedlockProvider::new(
+                lease_redis::RedlockConfig::new(urls.clone())
+                    .namespace(namespace)
+                    .timeouts(connect, request),
+            )?)),
+            #[cfg(feature = "postgres")]
+            Store::Postgres { url, schema, table } => {
+                Ok(Arc::new(lease_postgres::PostgresProvider::new(
+                    lease_postgres::PostgresConfig::new(url)
+                        .namespace(namespace)
+                        .table(schema, table)
+                        .timeouts(connect, request),
+                )?))
+            }
+            #[cfg(feature = "etcd")]
+            Store::Etcd(endpoints) => Ok(Arc::new(lease_etcd::EtcdProvider::new(
+                lease_etcd::EtcdConfig::new(endpoints.clone())
+                    .namespace(namespace)
+                    .timeouts(connect, request),
+            )?)),
+            #[cfg(feature = "zk")]
+            Store::Zk { hosts, chroot } => {
+                let mut config = lease_zk::ZkConfig::new(hosts)
+                    .namespace(namespace)
+                    .timeouts(connect, request);
+                if let Some(c) = chroot {
+                    config = config.chroot(c);
+                }
+                Ok(Arc::new(lease_zk::ZkProvider::new(config)?))
+            }
+            #[allow(unreachable_patterns)]
+            other => Err(config_err(format!(
+                "{}:// stores need the {:?} cargo feature of the `lease` crate; enable it: lease = {{ features = [{:?}] }}",
+                other.kind(),
+                feature_of(other),
+                feature_of(other)
+            ))),
+        }
+    }
+}
+
+#[allow(dead_code)]
+fn feature_of(store: &Store) -> &'static str {
+    match store {
+        Store::Memory => "memory",
+        Store::Redis(_) | Store::Redlock(_) => "redis",
+        Store::Postgres { .. } => "postgres",
+        Store::Etcd(_) => "etcd",
+        Store::Zk { .. } => "zk",
+    }
+}
+
+/// Everything needed to build a provider, with durations in human form
+/// (`30s`, `1m 30s`, `250ms`). Load it from TOML, from the environment, or
+/// build it in code.
+///
+/// ```
+/// let config = lease::StoreConfig::from_toml_str(r#"
+///     store = "memory://"
+///     namespace = "billing"
+///     default_ttl = "30s"
+/// "#)?;
+/// let provider = config.build()?;
+/// assert_eq!(provider.namespace(), "billing");
+/// # Ok::<(), lease::LeaseError>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreConfig {
+    /// The store URL (see [`URL_FORMS`]).
+    pub store: String,
+    /// The namespace. Default `lease`.
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    /// The TTL used when none is given. Default 30 s.
+    #[serde(default = "default_ttl", with = "human")]
+    pub default_ttl: Duration,
+    /// How long to wait for a connection. Default 2 s.
+    #[serde(default = "default_connect", with = "human")]
+    pub connect_timeout: Duration,
+    /// How long to wait for one request. Default 3 s.
+    #[serde(default = "default_request", with = "human")]
+    pub request_timeout: Duration,
+}
+
+fn default_namespace() -> String {
+    DEFAULT_NAMESPACE.into()
+}
+fn default_ttl() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_connect() -> Duration {
+    Duration::from_secs(2)
+}
+fn default_request() -> Duration {
+    Duration::from_secs(3)
+}
+
+mod human {
+    use super::*;
+
+    pub(super) fn serialize<S: Serializer>(
+        d: &Duration,
+        s: S,
+    ) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> std::result::Result<Duration, D::Error> {
+        let text = String::deserialize(d)?;
+        humantime::parse_duration(&text).map_err(|e| {
+            serde::de::Error::custom(format!(
+                "{text:?} is not a duration like 30s or 1m 30s: {e}"
+            ))
+        })
+    }
+}
+
+/// Parses a human duration (`30s`, `1m 30s`, `250ms`).
+///
+/// # Errors
+/// [`LeaseError::Config`] naming the bad text.
+pub fn parse_duration(what: &str, text: &str) -> Result<Duration> {
+    humantime::parse_duration(text.trim()).map_err(|e| {
+        config_err(format!(
+            "{what} {text:?} is not a duration like 30s or 1m 30s: {e}"
+        ))
+    })
+}
+
+impl StoreConfig {
+    /// A configuration for `store` with defaults for the rest.
+    pub fn new(store: impl Into<String>) -> Self {
+        StoreConfig {
+            store: store.into(),
+            namespace: default_namespace(),
+            default_ttl: default_ttl(),
+            connect_timeout: default_connect(),
+            request_timeout: default_request(),
+        }
+    }
+
+    /// Reads TOML text with the fields of this struct.
+    ///
+    /// # Errors
+    /// [`LeaseError::Config`] with the parser's message (unknown fields, bad durations).
+    pub fn from_toml_str(text: &str) -> Result<Self> {
+        toml::from_str(text).map_err(|e| config_err(format!("invalid lease configuration: {e}")))
+    }
+
+    /// Reads a TOML file.
+    ///
+    /// # Errors
+    /// [`LeaseError::Config`] when the file cannot be read or parsed.
+    pub fn from_toml_file(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            config_err(format!(
+                "cannot read lease configuration {}: {e}",
+                path.display()
+            ))
+        })?;
+        Self::from_toml_str(&text)
+    }
+
+    /// Reads `LEASE_STORE` (required), `LEASE_NAMESPACE`, `LEASE_DEFAULT_TTL`,
+    /// `LEASE_CONNECT_TIMEOUT` and `LEASE_REQUEST_TIMEOUT`.
+    ///
+    /// # Errors
+    /// [`LeaseError::Config`] when `LEASE_STORE` is unset or a value is malformed.
+    pub fn from_env() -> Result<Self> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Like [`from_env`](Self::from_env) with another source of variables.
+    ///
+    /// # Errors
+    /// As [`from_env`](Self::from_env).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let store = get("LEASE_STORE")
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| {
+                config_err(format!(
+                    "LEASE_STORE is not set; set it to a store URL: {URL_FORMS}"
+                ))
+            })?;
+        let mut c = StoreConfig::new(store);
+        if let Some(ns) = get("LEASE_NAMESPACE") {
+            c.namespace = ns;
+        }
+        for (var, field) in [
+            ("LEASE_DEFAULT_TTL", &mut c.default_ttl),
+            ("LEASE_CONNECT_TIMEOUT", &mut c.connect_timeout),
+            ("LEASE_REQUEST_TIMEOUT", &mut c.request_timeout),
+        ] {
+            if let Some(v) = get(var) {
+                *field = parse_duration(var, &v)?;
+            }
+        }
+        Ok(c)
+    }
+
+    /// The parsed store URL.
+    ///
+    /// # Errors
+    /// As [`Store::parse`].
+    pub fn parsed(&self) -> Result<Store> {
+        Store::parse(&self.store)
+    }
+
+    /// Builds the provider.
+    ///
+    /// # Errors
+    /// [`LeaseError::Config`] for a bad URL, namespace or missing feature.
+    pub fn build(&self) -> Result<Arc<dyn LeaseProvider>> {
+        self.parsed()?
+            .build(&self.namespace, self.connect_timeout, self.request_timeout)
+    }
+}
+
+/// Builds a provider from a store URL with the default namespace and timeouts.
+///
+/// ```
+/// let provider = lease::connect("memory://")?;
+/// assert_eq!(provider.capabilities().backend, "memory");
+/// # Ok::<(), lease::LeaseError>(())
+/// ```
+///
+/// # Errors
+/// As [`StoreConfig::build`].
+pub fn connect(url: &str) -> Result<Arc<dyn LeaseProvider>> {
+    StoreConfig::new(url).build()
+}
+
+/// A provider on a fresh in-memory store, the embedded default.
+pub fn memory() -> Arc<dyn LeaseProvider> {
+    Arc::new(MemoryProvider::new())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_scheme_parses() {
+        assert_eq!(Store::parse("memory://").unwrap(), Store::Memory);
+        assert_eq!(
+            Store::parse("redis://127.0.0.1:6379/2").unwrap(),
+            Store::Redis("redis://127.0.0.1:6379/2".into())
+        );
+        assert_eq!(
+            Store::parse("rediss://h:6380").unwrap(),
+            Store::Redis("rediss://h:6380".into())
+        );
+        assert_eq!(
+            Store::parse("redlock://a:1,b:2,c:3").unwrap(),
+            Store::Redlock(vec![
+                "redis://a:1".into(),
+                "redis://b:2".into(),
+                "redis://c:3".into()
+            ])
+        );
+        assert_eq!(
+            Store::parse("postgres://u@h/db?sslmode=disable&lease_table=locks.leases").unwrap(),
+            Store::Postgres {
+                url: "postgres://u@h/db?sslmode=disable".into(),
+                schema: "locks".into(),
+                table: "leases".into()
+            }
+        );
+        assert_eq!(
+            Store::parse("postgresql://u@h/db").unwrap(),
+            Store::Postgres {
+                url: "postgresql://u@h/db".into(),
+                schema: "public".into(),
+                table: "lease_leases".into()
+            }
+        );
+        assert_eq!(
+            Store::parse("etcd://a:2379,b:2379").unwrap(),
+            Store::Etcd(vec!["http://a:2379".into(), "http://b:2379".into()])
+        );
+        assert_eq!(
+            Store::parse("etcds://a:2379").unwrap(),
+            Store::Etcd(vec!["https://a:2379".into()])
+        );
+        assert_eq!(
+            Store::parse("zk://a:2181,b:2181/apps/lease").unwrap(),
+            Store::Zk {
+                hosts: "a:2181,b:2181".into(),
+                chroot: Some("/apps/lease".into())
+            }
+        );
+        assert_eq!(
+            Store::parse("zk://a:2181").unwrap(),
+            Store::Zk {
+                hosts: "a:2181".into(),
+                chroot: None
+            }
+        );
+    }
+
+    #[test]
+    fn bad_urls_say_what_to_fix() {
+        let cases = [
+            ("127.0.0.1:6379", "no scheme"),
+            ("mongodb://x", "unknown store scheme"),
+            ("redlock://a:1,b:2", "at least 3"),
+            ("redlock://a:1,,c:3", "host:port"),
+            ("etcd://", "host:port"),
+            ("redis://", "needs a host"),
+        ];
+        for (url, expected) in cases {
+            let err = Store::parse(url).unwrap_err().to_string();
+            assert!(err.contains(expected), "{url}: {err}");
+        }
+        let err = StoreConfig::new("postgres://u@h/db?lease_table=bad-name")
+            .build()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("invalid table"), "{err}");
+        let err = StoreConfig {
+            namespace: String::new(),
+            ..StoreConfig::new("memory://")
+        }
+        .build()
+        .unwrap_err();
+        assert!(matches!(err, LeaseError::Config(_)));
+    }
+
+    #[test]
+    fn toml_and_env_configs_load_with_human_durations() {
+        let c = StoreConfig::from_toml_str(
+            "store = \"redis://127.0.0.1:6379\"\nnamespace = \"billing\"\ndefault_ttl = \"1m 30s\"\nrequest_timeout = \"250ms\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.default_ttl, Duration::from_secs(90));
+        assert_eq!(c.request_timeout, Duration::from_millis(250));
+        assert_eq!(c.connect_timeout, Duration::from_secs(2));
+        // Round trip through TOML.
+        let back = StoreConfig::from_toml_str(&toml::to_string(&c).unwrap()).unwrap();
+        assert_eq!(back, c);
+        let err = StoreConfig::from_toml_str("store = \"memory://\"\ndefault_ttl = \"soon\"")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("soon"), "{err}");
+        let err = StoreConfig::from_toml_str("store = \"memory://\"\nttl = \"1s\"")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown field"), "{err}");
+
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                vars.iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let c = StoreConfig::from_lookup(env(&[
+            ("LEASE_STORE", "memory://"),
+            ("LEASE_DEFAULT_TTL", "45s"),
+            ("LEASE_NAMESPACE", "jobs"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            (c.default_ttl, c.namespace.as_str()),
+            (Duration::from_secs(45), "jobs")
+        );
+        let err = StoreConfig::from_lookup(env(&[])).unwrap_err().to_string();
+        assert!(err.contains("LEASE_STORE is not set"), "{err}");
+        let err = StoreConfig::from_lookup(env(&[
+            ("LEASE_STORE", "memory://"),
+            ("LEASE_CONNECT_TIMEOUT", "x"),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("LEASE_CONNECT_TIMEOUT"), "{err}");
+    }
+
+    #[test]
+    fn every_built_in_backend_builds_without_a_server() {
+        for url in [
+            "memory://",
+            "redis://127.0.0.1:1",
+            "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3",
+            "postgres://u@127.0.0.1:1/db",
+            "etcd://127.0.0.1:1",
+            "zk://127.0.0.1:1/chroot",
+        ] {
+            let store = Store::parse(url).unwrap();
+            let p = store.build("ns", Duration::from_secs(1), Duration::from_secs(1));
+            if cfg!(all(
+                feature = "redis",
+                feature = "postgres",
+                feature = "etcd",
+                feature = "zk"
+            )) {
+                let p = p.unwrap_or_else(|e| panic!("{url}: {e}"));
+                assert_eq!(p.capabilities().backend, store.kind());
+            } else if let Err(e) = p {
+                assert!(e.to_string().contains("cargo feature"), "{url}: {e}");
+            }
+        }
+    }
+}

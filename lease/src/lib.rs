@@ -1,0 +1,47 @@
+//! # lease: distributed leases with fencing tokens, on the store you choose
+//!
+//! One API for leases over Redis, Redlock, PostgreSQL, etcd, ZooKeeper and an
+//! in-memory store; pick the store per deployment by configuration. This crate
+//! re-exports the whole contract from [`lease_api`] and builds an
+//! `Arc<dyn LeaseProvider>` from a URL or a [`StoreConfig`] (TOML file,
+//! environment variables or code).
+//!
+//! ```
+//! use std::time::Duration;
+//! use lease::{LeaseKey, RunOptions, RunOutcome, run_with_lease};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> lease::Result<()> {
+//! // In production: lease::StoreConfig::from_env()?.build()?
+//! let provider = lease::connect("memory://")?;
+//! let key = LeaseKey::new("nightly-report")?;
+//! let outcome = run_with_lease(provider, &key, Duration::from_secs(30), RunOptions::default(), |ctx| async move {
+//!     format!("report written under token {}", ctx.token)
+//! })
+//! .await?;
+//! assert!(matches!(outcome, RunOutcome::Completed { .. }));
+//! # Ok(()) }
+//! ```
+//!
+//! ## Cargo features
+//!
+//! One per backend, all on by default: `redis` (also Redlock), `postgres`,
+//! `etcd` (needs `protoc` to build), `zk`, and `cli` for the `lease` binary.
+//! The in-memory provider is always there. A URL whose backend is compiled out
+//! gives an error naming the feature to enable.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod config;
+
+pub use config::{Store, StoreConfig, URL_FORMS, connect, memory, parse_duration};
+pub use lease_api::*;
+
+#[cfg(feature = "etcd")]
+pub use lease_etcd;
+#[cfg(feature = "postgres")]
+pub use lease_postgres;
+#[cfg(feature = "redis")]
+pub use lease_redis;
+#[cfg(feature = "zk")]
+pub use lease_zk;
