@@ -1,1 +1,94 @@
-fn main() {}
+//! The same worker code on any store: the store comes from configuration.
+//!
+//! ```sh
+//! cargo run -p lease --example swap_store                                   # in-memory
+//! LEASE_STORE=redis://127.0.0.1:6379 cargo run -p lease --example swap_store
+//! cargo run -p lease --example swap_store -- lease.toml                     # a TOML file
+//! ```
+//!
+//! A TOML file holds `store = "..."`, and optionally `namespace`,
+//! `default_ttl`, `connect_timeout`, `request_timeout` ("30s", "1m 30s").
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lease::{LeaseKey, LeaseProvider, RunOptions, RunOutcome, StoreConfig, run_with_lease};
+
+/// The worker knows nothing about the store: it gets a provider.
+async fn worker(
+    name: String,
+    provider: Arc<dyn LeaseProvider>,
+    done: Arc<Mutex<Vec<String>>>,
+    ttl: Duration,
+) -> lease::Result<()> {
+    for job in ["invoice-run", "ledger-close", "export"] {
+        let key = LeaseKey::new(format!("swap-store-demo/{job}"))?;
+        let options = RunOptions {
+            wait: Duration::from_millis(50),
+            ..RunOptions::default()
+        };
+        let outcome = run_with_lease(Arc::clone(&provider), &key, ttl, options, |ctx| {
+            let done = Arc::clone(&done);
+            let name = name.clone();
+            async move {
+                let mut done = done.lock().unwrap_or_else(|e| e.into_inner());
+                if done.iter().any(|d| d.starts_with(job)) {
+                    return false;
+                }
+                done.push(format!("{job} by {name} (token {})", ctx.token));
+                true
+            }
+        })
+        .await?;
+        match outcome {
+            RunOutcome::Completed { value: true, token } => {
+                println!("{name}: ran {job} under token {token}")
+            }
+            RunOutcome::Completed { value: false, .. } => {
+                println!("{name}: {job} was already done")
+            }
+            RunOutcome::NotAcquired => println!("{name}: {job} is being run by someone else"),
+            RunOutcome::Lost { reason, .. } => {
+                println!("{name}: lost the lease on {job}: {reason}")
+            }
+        }
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let config = match std::env::args().nth(1) {
+        Some(path) => StoreConfig::from_toml_file(path)?,
+        None if std::env::var_os("LEASE_STORE").is_some() => StoreConfig::from_env()?,
+        None => StoreConfig::new("memory://"),
+    };
+    let provider = config.build()?;
+    let caps = provider.capabilities();
+    println!(
+        "store {} ({}), namespace {:?}, tokens durable: {}",
+        config.store,
+        caps.backend,
+        config.namespace,
+        caps.durable_tokens.is_durable()
+    );
+    let ttl = caps.practical_ttl(config.default_ttl);
+    let done = Arc::new(Mutex::new(Vec::new()));
+    let workers: Vec<_> = ["ana", "ben", "cy"]
+        .into_iter()
+        .map(|name| {
+            tokio::spawn(worker(
+                name.to_string(),
+                Arc::clone(&provider),
+                Arc::clone(&done),
+                ttl,
+            ))
+        })
+        .collect();
+    for w in workers {
+        w.await??;
+    }
+    let done = done.lock().unwrap_or_else(|e| e.into_inner());
+    println!("done: {}", done.join("; "));
+    Ok(())
+}

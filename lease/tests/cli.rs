@@ -1,0 +1,399 @@
+//! The `lease` binary against every real store: mutual exclusion between two
+//! runs, growing tokens, a paused run stopped with the lost code, a stopped
+//! store, and `lease conformance`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use lease_testkit::{
+    OwnedProcess, TempDir, owned_etcd, owned_postgres, owned_redis, owned_zk, store_url,
+};
+
+const NOT_ACQUIRED: i32 = 75;
+const LOST: i32 = 79;
+
+fn lease() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_lease"));
+    c.env_remove("LEASE_STORE")
+        .env_remove("LEASE_CONFIG")
+        .env_remove("LEASE_NAMESPACE");
+    c
+}
+
+fn unique(s: &str) -> String {
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{s}-{n}")
+}
+
+/// The shared store of a kind, as a `--store` URL.
+fn shared(kind: &str) -> String {
+    match kind {
+        "redis" => store_url("LEASE_TEST_REDIS_URL"),
+        "redlock" => format!(
+            "redlock://{}",
+            store_url("LEASE_TEST_REDLOCK_URLS").replace("redis://", "")
+        ),
+        "postgres" => store_url("LEASE_TEST_POSTGRES_URL"),
+        "etcd" => store_url("LEASE_TEST_ETCD_URL").replace("http://", "etcd://"),
+        "zk" => format!("zk://{}", store_url("LEASE_TEST_ZK_URL")),
+        other => panic!("unknown store kind {other}"),
+    }
+}
+
+/// A private store of a kind that the test may stop, and its URL.
+fn private(kind: &str) -> (Vec<OwnedProcess>, String) {
+    match kind {
+        "redis" => {
+            let p = owned_redis(false);
+            let url = format!("redis://127.0.0.1:{}", p.port());
+            (vec![p], url)
+        }
+        "redlock" => {
+            let ps = vec![owned_redis(false), owned_redis(false), owned_redis(false)];
+            let hosts: Vec<String> = ps
+                .iter()
+                .map(|p| format!("127.0.0.1:{}", p.port()))
+                .collect();
+            let url = format!("redlock://{}", hosts.join(","));
+            (ps, url)
+        }
+        "postgres" => {
+            let p = owned_postgres();
+            let url = format!("postgres://postgres@127.0.0.1:{}/postgres", p.port());
+            (vec![p], url)
+        }
+        "etcd" => {
+            let p = owned_etcd();
+            let url = format!("etcd://127.0.0.1:{}", p.port());
+            (vec![p], url)
+        }
+        "zk" => {
+            let p = owned_zk();
+            let url = format!("zk://127.0.0.1:{}", p.port());
+            (vec![p], url)
+        }
+        other => panic!("unknown store kind {other}"),
+    }
+}
+
+/// A TTL the store accepts that expires quickly.
+fn short_ttl(kind: &str) -> &'static str {
+    if kind == "etcd" { "2s" } else { "1s" }
+}
+
+fn run_args(store: &str, key: &str, ttl: &str, extra: &[&str], cmd: &[&str]) -> Command {
+    let mut c = lease();
+    c.args(["--store", store, "run", "--key", key, "--ttl", ttl])
+        .args(extra)
+        .arg("--")
+        .args(cmd);
+    c
+}
+
+fn output(mut c: Command) -> Output {
+    c.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .expect("run lease")
+}
+
+fn wait_for_file(path: &Path, limit: Duration) -> String {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Ok(s) = std::fs::read_to_string(path)
+            && s.ends_with('\n')
+        {
+            return s.trim().to_owned();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} did not appear within {limit:?}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn wait_exit(child: &mut Child, limit: Duration) -> Option<i32> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            return status.code();
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            panic!("lease did not exit within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn alive(pid: &str) -> bool {
+    Command::new("kill")
+        .args(["-0", pid])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn signal(pid: u32, sig: &str) {
+    assert!(
+        Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(pid.to_string())
+            .status()
+            .unwrap()
+            .success()
+    );
+}
+
+fn exactly_one_of_two_runs_and_tokens_grow(kind: &str) {
+    let store = shared(kind);
+    let key = unique("cli-mutex");
+    let dir = TempDir::new("lease-cli");
+    let marker = dir.path().join("started");
+    // The first run holds the key until the test lets it finish.
+    let hold = format!(
+        "echo $LEASE_TOKEN > {}; while [ ! -e {}.done ]; do sleep 0.05; done",
+        marker.display(),
+        marker.display()
+    );
+    let mut first = run_args(&store, &key, "30s", &[], &["sh", "-c", &hold])
+        .spawn()
+        .unwrap();
+    let token1: u64 = wait_for_file(&marker, Duration::from_secs(20))
+        .parse()
+        .unwrap();
+    let second = output(run_args(
+        &store,
+        &key,
+        "30s",
+        &[],
+        &["sh", "-c", "echo SHOULD-NOT-RUN"],
+    ));
+    assert_eq!(second.status.code(), Some(NOT_ACQUIRED), "{second:?}");
+    assert!(!String::from_utf8_lossy(&second.stdout).contains("SHOULD-NOT-RUN"));
+    std::fs::write(format!("{}.done", marker.display()), "").unwrap();
+    assert_eq!(wait_exit(&mut first, Duration::from_secs(20)), Some(0));
+    // The next run gets the key (released at once) with a larger token, and
+    // lease passes the command's exit code through.
+    let third = output(run_args(
+        &store,
+        &key,
+        "30s",
+        &[],
+        &["sh", "-c", "echo $LEASE_TOKEN; exit 7"],
+    ));
+    assert_eq!(third.status.code(), Some(7), "{third:?}");
+    let token3: u64 = String::from_utf8_lossy(&third.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(token3 > token1, "token {token3} after {token1}");
+    // Status shows a free key as free, in JSON too.
+    let status = output({
+        let mut c = lease();
+        c.args(["--store", &store, "status", "--key", &key, "--json"]);
+        c
+    });
+    let json: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(json["held"], false, "{json}");
+}
+
+fn paused_run_is_stopped_with_the_lost_code(kind: &str) {
+    let store = shared(kind);
+    let key = unique("cli-paused");
+    let dir = TempDir::new("lease-cli");
+    let pidfile = dir.path().join("pid");
+    let script = format!("echo $$ > {}; exec sleep 120", pidfile.display());
+    let mut paused = run_args(
+        &store,
+        &key,
+        short_ttl(kind),
+        &["--grace", "2s"],
+        &["sh", "-c", &script],
+    )
+    .spawn()
+    .unwrap();
+    let cmd_pid = wait_for_file(&pidfile, Duration::from_secs(20));
+    signal(paused.id(), "STOP");
+    // Another run waits for the key and gets it once the paused one's TTL ran out.
+    let other = output(run_args(
+        &store,
+        &key,
+        "30s",
+        &["--wait", "30s"],
+        &["sh", "-c", "echo $LEASE_TOKEN"],
+    ));
+    assert_eq!(other.status.code(), Some(0), "{other:?}");
+    signal(paused.id(), "CONT");
+    let code = wait_exit(&mut paused, Duration::from_secs(30));
+    assert_eq!(code, Some(LOST));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while alive(&cmd_pid) {
+        assert!(
+            Instant::now() < deadline,
+            "the paused run's command {cmd_pid} is still running"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn stopped_store_stops_the_command_with_the_lost_code(kind: &str) {
+    let (mut servers, store) = private(kind);
+    let key = unique("cli-outage");
+    let dir = TempDir::new("lease-cli");
+    let pidfile = dir.path().join("pid");
+    let script = format!("echo $$ > {}; exec sleep 120", pidfile.display());
+    // A fresh server may need a moment before it serves (etcd elects itself).
+    let mut run = run_args(
+        &store,
+        &key,
+        short_ttl(kind),
+        &["--wait", "20s", "--grace", "2s"],
+        &["sh", "-c", &script],
+    )
+    .spawn()
+    .unwrap();
+    let cmd_pid = wait_for_file(&pidfile, Duration::from_secs(30));
+    // Take the store away (for Redlock: a majority of it).
+    let majority = servers.len() / 2 + 1;
+    for s in servers.iter_mut().take(majority) {
+        s.stop();
+    }
+    let code = wait_exit(&mut run, Duration::from_secs(30));
+    assert_eq!(code, Some(LOST));
+    assert!(
+        !alive(&cmd_pid),
+        "the command {cmd_pid} survived the lost lease"
+    );
+}
+
+fn conformance_passes(store: &str) {
+    let out = output({
+        let mut c = lease();
+        c.args([
+            "--store",
+            store,
+            "--namespace",
+            &unique("cli-conformance"),
+            "conformance",
+        ]);
+        c
+    });
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "lease conformance failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("30 passed, 0 failed"), "{stdout}");
+}
+
+macro_rules! per_store {
+    ($($kind:ident),*) => {
+        $(
+            mod $kind {
+                #[test]
+                fn exactly_one_of_two_runs_and_tokens_grow() {
+                    super::exactly_one_of_two_runs_and_tokens_grow(stringify!($kind));
+                }
+
+                #[test]
+                fn paused_run_is_stopped_with_the_lost_code() {
+                    super::paused_run_is_stopped_with_the_lost_code(stringify!($kind));
+                }
+
+                #[test]
+                fn stopped_store_stops_the_command_with_the_lost_code() {
+                    super::stopped_store_stops_the_command_with_the_lost_code(stringify!($kind));
+                }
+
+                #[test]
+                fn conformance_passes() {
+                    super::conformance_passes(&super::shared(stringify!($kind)));
+                }
+            }
+        )*
+    };
+}
+
+per_store!(redis, redlock, postgres, etcd, zk);
+
+#[test]
+fn conformance_passes_on_memory() {
+    conformance_passes("memory://");
+}
+
+#[test]
+fn usage_errors_have_their_own_code() {
+    for args in [
+        vec!["run", "--key", "k", "--", "true"],
+        vec!["--store", "nope://x", "status", "--key", "k"],
+        vec![
+            "--store",
+            "memory://",
+            "run",
+            "--key",
+            "k",
+            "--ttl",
+            "soon",
+            "--",
+            "true",
+        ],
+        vec!["--store", "memory://", "frobnicate"],
+    ] {
+        let out = output({
+            let mut c = lease();
+            c.args(&args);
+            c
+        });
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {out:?}");
+        assert!(!out.stderr.is_empty(), "{args:?} printed no reason");
+    }
+    let out = output({
+        let mut c = lease();
+        c.args(["--store", "redis://127.0.0.1:1", "status", "--key", "k"]);
+        c
+    });
+    assert_eq!(out.status.code(), Some(69), "{out:?}");
+}
+
+#[test]
+fn config_file_and_environment_choose_the_store() {
+    let dir = TempDir::new("lease-cli");
+    let file: PathBuf = dir.path().join("lease.toml");
+    std::fs::write(
+        &file,
+        "store = \"memory://\"\nnamespace = \"from-file\"\ndefault_ttl = \"5s\"\n",
+    )
+    .unwrap();
+    let out = output({
+        let mut c = lease();
+        c.args([
+            "--config",
+            file.to_str().unwrap(),
+            "run",
+            "--key",
+            "k",
+            "--",
+            "sh",
+            "-c",
+            "echo $LEASE_KEY",
+        ]);
+        c
+    });
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "k");
+    let out = output({
+        let mut c = lease();
+        c.env("LEASE_STORE", "memory://")
+            .args(["status", "--key", "k"]);
+        c
+    });
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "k: free");
+}
