@@ -8,6 +8,7 @@ use etcd_client::TxnOp;
 use lease_api::{LeaseError, LeaseKey, LeaseProvider, acquire};
 use lease_etcd::{EtcdConfig, EtcdProvider};
 use lease_testkit::{OwnedProcess, owned_etcd, store_url};
+use lease_testkit::{unique, until_ok};
 
 const TTL: Duration = Duration::from_secs(10);
 const TIMEOUT: Duration = Duration::from_millis(800);
@@ -21,38 +22,6 @@ fn private(server: &OwnedProcess) -> EtcdProvider {
 
 fn shared(ns: &str) -> EtcdProvider {
     EtcdProvider::new(EtcdConfig::new([store_url("LEASE_TEST_ETCD_URL")]).namespace(ns)).unwrap()
-}
-
-fn unique(s: &str) -> String {
-    let n = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{s}-{n}")
-}
-
-async fn until_ok<T, F, Fut>(mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, LeaseError>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        match f().await {
-            Ok(v) => return v,
-            Err(e) => {
-                assert!(
-                    Instant::now() < deadline,
-                    "the provider did not recover: {e}"
-                );
-                assert!(
-                    matches!(e, LeaseError::Unavailable { .. }),
-                    "recovering gave {e:?}"
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,6 +9,7 @@ use futures_util::future::join_all;
 use lease_api::{LeaseError, LeaseKey, LeaseProvider, TokenDurability, acquire};
 use lease_postgres::{PostgresConfig, PostgresProvider};
 use lease_testkit::{OwnedProcess, owned_postgres, store_url};
+use lease_testkit::{unique, until_ok};
 use sqlx::Row;
 
 const TTL: Duration = Duration::from_secs(30);
@@ -18,43 +19,11 @@ fn url(p: &OwnedProcess) -> String {
     format!("postgres://postgres@127.0.0.1:{}/postgres", p.port())
 }
 
-fn unique(s: &str) -> String {
-    let n = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{s}_{n}")
-}
-
 fn shared(namespace: &str) -> PostgresProvider {
     PostgresProvider::new(
         PostgresConfig::new(store_url("LEASE_TEST_POSTGRES_URL")).namespace(namespace),
     )
     .unwrap()
-}
-
-async fn until_ok<T, F, Fut>(mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, LeaseError>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        match f().await {
-            Ok(v) => return v,
-            Err(e) => {
-                assert!(
-                    Instant::now() < deadline,
-                    "the provider did not recover: {e}"
-                );
-                assert!(
-                    matches!(e, LeaseError::Unavailable { .. }),
-                    "recovering gave {e:?}"
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use lease_api::{LeaseError, LeaseKey, LeaseProvider, TokenDurability, TryAcquire, acquire};
 use lease_redis::{RedisConfig, RedisProvider, RedlockConfig, RedlockProvider};
 use lease_testkit::{OwnedProcess, owned_redis, store_url};
+use lease_testkit::{unique, until_ok};
 
 const TTL: Duration = Duration::from_secs(30);
 const TIMEOUT: Duration = Duration::from_millis(500);
@@ -20,14 +21,7 @@ fn provider(p: &OwnedProcess) -> RedisProvider {
 }
 
 fn key(s: &str) -> LeaseKey {
-    LeaseKey::new(format!("{s}-{}", uuid_like())).unwrap()
-}
-
-fn uuid_like() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos()
+    LeaseKey::new(unique(s)).unwrap()
 }
 
 async fn token_after_acquire(p: &dyn LeaseProvider, k: &LeaseKey) -> u64 {
@@ -43,30 +37,6 @@ async fn token_after_acquire(p: &dyn LeaseProvider, k: &LeaseKey) -> u64 {
 
 /// Retries until the server answers again (the connection manager reconnects
 /// by itself; the first calls after a restart may still see the old socket).
-async fn until_ok<T, F, Fut>(mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, LeaseError>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        match f().await {
-            Ok(v) => return v,
-            Err(e) => {
-                assert!(
-                    Instant::now() < deadline,
-                    "the provider did not recover: {e}"
-                );
-                assert!(
-                    matches!(e, LeaseError::Unavailable { .. }),
-                    "recovering gave {e:?}"
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn durable_server_keeps_tokens_across_crash_and_restart() {
     let mut server = owned_redis(true);
@@ -229,7 +199,7 @@ async fn redlock_key_held_on_a_minority_does_not_block_a_majority() {
         .split(',')
         .map(str::to_owned)
         .collect();
-    let ns = format!("minority-{}", uuid_like());
+    let ns = unique("minority");
     let rl = RedlockProvider::new(RedlockConfig::new(urls.clone()).namespace(&ns)).unwrap();
     let single = RedisProvider::new(RedisConfig::new(&urls[0]).namespace(&ns)).unwrap();
     let k = key("pre-held");

@@ -485,3 +485,41 @@ impl Drop for Proxy {
         self.task.abort();
     }
 }
+
+/// A name no other test run uses: `prefix`, `_` and 12 random hex digits (also a
+/// valid SQL identifier when `prefix` is one).
+pub fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
+}
+
+/// Retries `f` while it fails with `Unavailable` (a store coming back after a
+/// restart), for up to 30 s; any other error, or no recovery, fails the test.
+///
+/// # Panics
+/// When the store does not recover or answers with another error.
+pub async fn until_ok<T, F, Fut>(mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, lease_api::LeaseError>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match f().await {
+            Ok(v) => return v,
+            Err(e) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the provider did not recover: {e}"
+                );
+                assert!(
+                    matches!(e, lease_api::LeaseError::Unavailable { .. }),
+                    "recovering gave {e:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}

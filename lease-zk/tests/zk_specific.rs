@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use lease_api::{LeaseError, LeaseGuard, LeaseKey, LeaseProvider, acquire};
+use lease_testkit::until_ok;
 use lease_testkit::{OwnedProcess, Proxy, owned_zk, store_url};
 use lease_zk::{ZkConfig, ZkProvider};
 use std::sync::Arc;
@@ -13,30 +14,6 @@ const TIMEOUT: Duration = Duration::from_millis(800);
 
 fn on_port(port: u16) -> ZkConfig {
     ZkConfig::new(format!("127.0.0.1:{port}")).timeouts(TIMEOUT, TIMEOUT)
-}
-
-async fn until_ok<T, F, Fut>(mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, LeaseError>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        match f().await {
-            Ok(v) => return v,
-            Err(e) => {
-                assert!(
-                    Instant::now() < deadline,
-                    "the provider did not recover: {e}"
-                );
-                assert!(
-                    matches!(e, LeaseError::Unavailable { .. }),
-                    "recovering gave {e:?}"
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use lease_testkit::unique;
 use lease_testkit::{
     OwnedProcess, TempDir, owned_etcd, owned_postgres, owned_redis, owned_zk, store_url,
 };
@@ -19,14 +20,6 @@ fn lease() -> Command {
         .env_remove("LEASE_CONFIG")
         .env_remove("LEASE_NAMESPACE");
     c
-}
-
-fn unique(s: &str) -> String {
-    let n = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{s}-{n}")
 }
 
 /// The shared store of a kind, as a `--store` URL.
