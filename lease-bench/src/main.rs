@@ -111,6 +111,8 @@ pub struct BackendResult {
     pub peer_handoff: Option<Stats>,
     pub contention: Vec<Contention>,
     pub many: Vec<Many>,
+    /// Sections that failed, with the error; the rest of the run goes on.
+    pub errors: Vec<String>,
 }
 
 /// Counts store calls that go through it.
@@ -349,7 +351,10 @@ async fn bench_backend(
 
     for &n in &sizes.many {
         progress.step(&format!("{name}: {n} held leases"));
-        r.many.push(many(&p, n, sizes.many_for).await?);
+        match many(&p, n, sizes.many_for).await {
+            Ok(m) => r.many.push(m),
+            Err(e) => r.errors.push(format!("{n} held leases: {e}")),
+        }
     }
     Ok(r)
 }
@@ -433,18 +438,20 @@ async fn many(p: &Arc<dyn LeaseProvider>, n: usize, hold_for: Duration) -> Lease
     });
     let ttl = p.capabilities().practical_ttl(Duration::from_secs(6));
     let mut guards = Vec::with_capacity(n);
-    for chunk in (0..n).collect::<Vec<_>>().chunks(256) {
+    let mut failed = 0;
+    for chunk in (0..n).collect::<Vec<_>>().chunks(64) {
         let leases = futures_util::future::join_all(chunk.iter().map(|&i| {
             let c = Arc::clone(&counting);
             async move { c.try_acquire(&key("many", i), ttl).await }
         }))
         .await;
         for l in leases {
-            if let Some(l) = l?.into_lease() {
-                guards.push(LeaseGuard::new(
+            match l {
+                Ok(TryAcquire::Acquired(l)) => guards.push(LeaseGuard::new(
                     Arc::clone(&counting) as Arc<dyn LeaseProvider>,
                     l,
-                ));
+                )),
+                _ => failed += 1,
             }
         }
     }
@@ -461,7 +468,7 @@ async fn many(p: &Arc<dyn LeaseProvider>, n: usize, hold_for: Duration) -> Lease
         let _ = g.release().await;
     }
     Ok(Many {
-        leases: n,
+        leases: n - failed,
         seconds: secs,
         renewals_per_sec: renewals / secs,
         store_calls_per_renewal_period: renewals / secs * period,
@@ -497,16 +504,22 @@ async fn main() {
         total: per_backend * opts.backends.len(),
     };
     let mut results = Vec::new();
+    let mut failures = Vec::new();
     for b in &opts.backends {
         match bench_backend(b, &sizes, &mut progress).await {
             Ok(r) => results.push(r),
             Err(e) => {
                 eprintln!("\nlease-bench: {b} failed: {e}");
-                std::process::exit(1);
+                failures.push(format!("{b}: {e}"));
             }
         }
     }
-    if let Err(e) = report::write(&opts.out, &results, opts.smoke) {
+    failures.extend(
+        results
+            .iter()
+            .flat_map(|r| r.errors.iter().map(move |e| format!("{}: {e}", r.backend))),
+    );
+    if let Err(e) = report::write(&opts.out, &results, opts.smoke, &failures) {
         eprintln!("lease-bench: cannot write the report: {e}");
         std::process::exit(1);
     }
@@ -514,4 +527,11 @@ async fn main() {
         "lease-bench: wrote {}",
         opts.out.join("BENCHMARKS.md").display()
     );
+    if !failures.is_empty() {
+        eprintln!(
+            "lease-bench: {} section(s) failed; see the report",
+            failures.len()
+        );
+        std::process::exit(1);
+    }
 }

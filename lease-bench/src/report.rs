@@ -49,7 +49,12 @@ fn today() -> String {
         .map_or_else(|| "unknown date".into(), |s| s.trim().to_owned())
 }
 
-pub fn write(out: &Path, results: &[BackendResult], smoke: bool) -> std::io::Result<()> {
+pub fn write(
+    out: &Path,
+    results: &[BackendResult],
+    smoke: bool,
+    failures: &[String],
+) -> std::io::Result<()> {
     std::fs::create_dir_all(out)?;
     std::fs::write(
         out.join("benchmarks.json"),
@@ -78,6 +83,16 @@ pub fn write(out: &Path, results: &[BackendResult], smoke: bool) -> std::io::Res
         md,
         "![acquire latency CDF](bench-latency-cdf.svg)\n\n![handoff](bench-handoff.svg)\n"
     );
+    if !failures.is_empty() {
+        let _ = writeln!(
+            md,
+            "**Sections that failed in this run** (reported, not hidden):\n"
+        );
+        for f in failures {
+            let _ = writeln!(md, "- {f}");
+        }
+        let _ = writeln!(md);
+    }
 
     let _ = writeln!(
         md,

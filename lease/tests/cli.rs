@@ -323,6 +323,31 @@ fn conformance_passes_on_memory() {
 }
 
 #[test]
+fn terminating_lease_run_stops_the_command_and_releases_the_key() {
+    let store = shared("redis");
+    let key = unique("cli-sigterm");
+    let dir = TempDir::new("lease-cli");
+    let pidfile = dir.path().join("pid");
+    let script = format!("echo $$ > {}; exec sleep 120", pidfile.display());
+    let mut run = run_args(
+        &store,
+        &key,
+        "30s",
+        &["--grace", "2s"],
+        &["sh", "-c", &script],
+    )
+    .spawn()
+    .unwrap();
+    let cmd_pid = wait_for_file(&pidfile, Duration::from_secs(20));
+    signal(run.id(), "TERM");
+    assert_eq!(wait_exit(&mut run, Duration::from_secs(20)), Some(143));
+    assert!(!alive(&cmd_pid), "the command survived");
+    // The key was released, not left to expire.
+    let next = output(run_args(&store, &key, "30s", &[], &["true"]));
+    assert_eq!(next.status.code(), Some(0), "{next:?}");
+}
+
+#[test]
 fn usage_errors_have_their_own_code() {
     for args in [
         vec!["run", "--key", "k", "--", "true"],

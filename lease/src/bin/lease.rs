@@ -34,6 +34,8 @@ Exit codes:
   69   the store is unavailable
   75   not acquired: the key stayed held for the whole wait
   79   the lease was lost while the command ran; the command was stopped
+  143  (130 for SIGINT) `lease run` itself was asked to stop: the command was
+       stopped the same way and the lease released
   1    `lease conformance` found a failing case
 
 Store URLs: memory://, redis://host:port, rediss://..., redlock://h1:p,h2:p,h3:p,
@@ -244,6 +246,13 @@ async fn run(
             stop_child(&mut child, grace).await;
             return ExitCode::from(EXIT_LOST);
         }
+        signal = termination() => {
+            // Asked to stop: stop the command the same way, then give the key back.
+            eprintln!("lease: got {signal}; stopping the command and releasing {key}");
+            stop_child(&mut child, grace).await;
+            let _ = guard.release().await;
+            return ExitCode::from(128 + if signal == "SIGINT" { 2 } else { 15 });
+        }
     };
     let code = match status {
         Ok(s) => s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0)),
@@ -273,6 +282,22 @@ async fn run(
         );
     }
     ExitCode::from(u8::try_from(code.clamp(0, 255)).unwrap_or(1))
+}
+
+/// Resolves with the name of the first SIGTERM or SIGINT this process gets.
+async fn termination() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        },
+        // Without signal handling we simply never report a signal.
+        _ => std::future::pending().await,
+    }
 }
 
 /// SIGTERM, then SIGKILL after `grace`.
