@@ -160,6 +160,20 @@ mod tests {
     }
 
     #[test]
+    fn probed_capabilities_start_once_retry_after_failure_and_record() {
+        let p = ProbedCapabilities::new(caps(10, 1));
+        assert!(p.begin());
+        assert!(!p.begin(), "only one probe at a time");
+        p.failed();
+        assert!(p.begin(), "a failed probe may run again");
+        assert!(!p.get().durable_tokens.is_durable());
+        let c = p.record(TokenDurability::Durable("fsync on".into()));
+        assert!(c.durable_tokens.is_durable() && p.get().durable_tokens.is_durable());
+        assert_eq!(p.get().min_ttl, Duration::from_millis(10));
+        assert!(!p.begin(), "nothing left to probe");
+    }
+
+    #[test]
     fn bad_ttls_are_refused_with_reasons() {
         let c = caps(2000, 1000);
         for bad in [
@@ -175,5 +189,55 @@ mod tests {
                 other => panic!("{bad:?} gave {other:?}"),
             }
         }
+    }
+}
+
+/// Capabilities whose token durability a provider learns from its server once,
+/// in the background on first use (Redis: AOF settings; PostgreSQL: `fsync`).
+///
+/// Until the probe answers, [`get`](Self::get) returns the base capabilities
+/// (durability `Unknown`). A failed probe may be started again.
+#[derive(Debug)]
+pub struct ProbedCapabilities {
+    base: Capabilities,
+    probed: std::sync::OnceLock<Capabilities>,
+    started: std::sync::atomic::AtomicBool,
+}
+
+impl ProbedCapabilities {
+    /// Starts from `base`.
+    pub fn new(base: Capabilities) -> Self {
+        ProbedCapabilities {
+            base,
+            probed: std::sync::OnceLock::new(),
+            started: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// The probed capabilities, or the base ones until the probe answered.
+    pub fn get(&self) -> &Capabilities {
+        self.probed.get().unwrap_or(&self.base)
+    }
+
+    /// True exactly once (until [`failed`](Self::failed)): the caller should
+    /// start the probe now.
+    pub fn begin(&self) -> bool {
+        self.probed.get().is_none() && !self.started.swap(true, std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The probe failed; the next [`begin`](Self::begin) starts another.
+    pub fn failed(&self) {
+        self.started
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Records what the probe found and returns the resulting capabilities.
+    pub fn record(&self, durable_tokens: TokenDurability) -> Capabilities {
+        let caps = Capabilities {
+            durable_tokens,
+            ..self.base.clone()
+        };
+        let _ = self.probed.set(caps.clone());
+        self.get().clone()
     }
 }

@@ -60,7 +60,9 @@ mod memory;
 mod provider;
 mod run;
 
-pub use caps::{Capabilities, DEFAULT_MAX_TTL, ExpiryClock, Notifications, TokenDurability};
+pub use caps::{
+    Capabilities, DEFAULT_MAX_TTL, ExpiryClock, Notifications, ProbedCapabilities, TokenDurability,
+};
 pub use error::{BoxError, LeaseError, Result};
 pub use fence::{FenceGate, StaleToken};
 pub use guard::{GuardConfig, LeaseGuard, LostReason};

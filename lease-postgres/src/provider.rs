@@ -1,14 +1,13 @@
 //! `PostgresProvider`.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use lease_api::{
     Capabilities, DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, ExpiryClock, FencingToken, KeyWatch, Lease,
-    LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Notifications, OwnerId, Result,
-    TokenDurability, TryAcquire, WatchHub, validate_namespace,
+    LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Notifications, OwnerId, ProbedCapabilities,
+    Result, TokenDurability, TryAcquire, WatchHub, validate_namespace,
 };
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::{Postgres, Row, Transaction};
@@ -104,9 +103,7 @@ struct Inner {
     response_timeout: Duration,
     hub: Arc<WatchHub>,
     listener: tokio::sync::Mutex<Option<Listener>>,
-    base: Capabilities,
-    probed: OnceLock<Capabilities>,
-    probe_started: AtomicBool,
+    caps: ProbedCapabilities,
     display: String,
 }
 
@@ -193,9 +190,7 @@ impl PostgresProvider {
                 response_timeout: config.response_timeout,
                 hub: Arc::default(),
                 listener: tokio::sync::Mutex::new(None),
-                base,
-                probed: OnceLock::new(),
-                probe_started: AtomicBool::new(false),
+                caps: ProbedCapabilities::new(base),
                 display,
             }),
         })
@@ -336,22 +331,15 @@ impl PostgresProvider {
                     .into(),
             )
         };
-        let caps = Capabilities {
-            durable_tokens,
-            ..self.inner.base.clone()
-        };
-        let _ = self.inner.probed.set(caps.clone());
-        Ok(caps)
+        Ok(self.inner.caps.record(durable_tokens))
     }
 
     fn start_probe(&self) {
-        if self.inner.probed.get().is_none()
-            && !self.inner.probe_started.swap(true, Ordering::SeqCst)
-        {
+        if self.inner.caps.begin() {
             let this = self.clone();
             tokio::spawn(async move {
                 if this.probe().await.is_err() {
-                    this.inner.probe_started.store(false, Ordering::SeqCst);
+                    this.inner.caps.failed();
                 }
             });
         }
@@ -452,7 +440,7 @@ fn from_micros(us: i64) -> Duration {
 #[async_trait]
 impl LeaseProvider for PostgresProvider {
     fn capabilities(&self) -> &Capabilities {
-        self.inner.probed.get().unwrap_or(&self.inner.base)
+        self.inner.caps.get()
     }
 
     fn namespace(&self) -> &str {

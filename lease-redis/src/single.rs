@@ -1,14 +1,13 @@
 //! `RedisProvider`: leases on one Redis server.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use lease_api::{
     Capabilities, DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, ExpiryClock, FencingToken, KeyWatch, Lease,
-    LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Notifications, OwnerId, Result,
-    TokenDurability, TryAcquire, validate_namespace,
+    LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Notifications, OwnerId, ProbedCapabilities,
+    Result, TokenDurability, TryAcquire, validate_namespace,
 };
 use redis::Value;
 use tokio::time::Instant;
@@ -121,9 +120,7 @@ struct Inner {
     ns_encoded: String,
     channel: String,
     hub: Arc<lease_api::WatchHub>,
-    base: Capabilities,
-    probed: OnceLock<Capabilities>,
-    probe_started: AtomicBool,
+    caps: ProbedCapabilities,
 }
 
 /// Leases on one Redis server.
@@ -169,9 +166,7 @@ impl RedisProvider {
                 ns_encoded,
                 namespace: config.namespace,
                 hub: Arc::default(),
-                base: base_capabilities("redis", ExpiryClock::StoreServer),
-                probed: OnceLock::new(),
-                probe_started: AtomicBool::new(false),
+                caps: ProbedCapabilities::new(base_capabilities("redis", ExpiryClock::StoreServer)),
             }),
         })
     }
@@ -193,22 +188,15 @@ impl RedisProvider {
     pub async fn probe(&self) -> Result<Capabilities> {
         let _: String = self.inner.node.query(&redis::cmd("PING")).await?;
         let durable_tokens = probe_durability(&self.inner.node).await;
-        let caps = Capabilities {
-            durable_tokens,
-            ..self.inner.base.clone()
-        };
-        let _ = self.inner.probed.set(caps.clone());
-        Ok(caps)
+        Ok(self.inner.caps.record(durable_tokens))
     }
 
     fn start_probe(&self) {
-        if self.inner.probed.get().is_none()
-            && !self.inner.probe_started.swap(true, Ordering::SeqCst)
-        {
+        if self.inner.caps.begin() {
             let this = self.clone();
             tokio::spawn(async move {
                 if this.probe().await.is_err() {
-                    this.inner.probe_started.store(false, Ordering::SeqCst);
+                    this.inner.caps.failed();
                 }
             });
         }
@@ -235,7 +223,7 @@ pub(crate) fn unexpected(what: &str, v: &Value) -> LeaseError {
 #[async_trait]
 impl LeaseProvider for RedisProvider {
     fn capabilities(&self) -> &Capabilities {
-        self.inner.probed.get().unwrap_or(&self.inner.base)
+        self.inner.caps.get()
     }
 
     fn namespace(&self) -> &str {
