@@ -25,10 +25,12 @@
 //!
 //! ## Cargo features
 //!
-//! One per backend, all on by default: `redis` (also Redlock), `postgres`,
-//! `etcd` (needs `protoc` to build), `zk`, and `cli` for the `lease` binary.
-//! The in-memory provider is always there. A URL whose backend is compiled out
-//! gives an error naming the feature to enable.
+//! One per backend: `redis` (also Redlock), `postgres` and `zk` are on by
+//! default; `etcd` is opt-in because etcd's client needs `protoc` and the
+//! protobuf include files to build; `full` turns on all four. The in-memory
+//! provider is always there. A URL whose backend is compiled out gives an error
+//! naming the feature to enable. The `lease` command lives in its own crate,
+//! `lease-cli`, so a library user never compiles clap or the conformance suite.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
