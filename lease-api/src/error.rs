@@ -55,7 +55,9 @@ pub enum LeaseError {
         #[source]
         source: Option<BoxError>,
     },
-    /// An operation did not finish in time.
+    /// The store did not answer one operation within its request timeout. The
+    /// operation may still have been applied: providers make sure it leaves no
+    /// lease behind. Transient.
     #[error("{operation} timed out after {after:?}")]
     Timeout {
         /// The operation that timed out.
@@ -66,7 +68,9 @@ pub enum LeaseError {
     /// The provider was configured wrongly (bad URL, bad identifier, ...).
     #[error("invalid configuration: {0}")]
     Config(String),
-    /// The store answered with something the provider did not expect.
+    /// The store refused the operation or answered with something the
+    /// provider did not expect (permissions, authentication, a missing table, a
+    /// wrong data type). Not transient: retrying will not help.
     #[error("store error: {message}")]
     Backend {
         /// What failed, in words.
@@ -107,15 +111,23 @@ impl LeaseError {
         matches!(self, LeaseError::Lost { .. } | LeaseError::NotHeld { .. })
     }
 
-    /// True for errors that may go away by retrying: `Unavailable`, `Timeout`
-    /// and `Backend`. A guard keeps retrying these until local validity ends.
+    /// True for errors that may go away by retrying: `Unavailable` and
+    /// `Timeout`. Everything else (bad input, configuration, a `Backend` error
+    /// such as a refused password, a missing permission, a missing table or a
+    /// wrong data type) needs a person to fix it, so [`acquire`](crate::acquire)
+    /// returns it at once instead of retrying for its whole wait. Adapters class
+    /// connection loss, timeouts and "server busy, try again" answers as
+    /// `Unavailable`.
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            LeaseError::Unavailable { .. }
-                | LeaseError::Timeout { .. }
-                | LeaseError::Backend { .. }
+            LeaseError::Unavailable { .. } | LeaseError::Timeout { .. }
         )
+    }
+
+    /// A [`LeaseError::Timeout`]: `operation` got no answer within `after`.
+    pub fn timeout(operation: &'static str, after: std::time::Duration) -> Self {
+        LeaseError::Timeout { operation, after }
     }
 }
 

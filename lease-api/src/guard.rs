@@ -7,7 +7,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
-use crate::{FencingToken, Lease, LeaseError, LeaseKey, LeaseProvider, Result};
+use crate::{FencingToken, Lease, LeaseError, LeaseKey, LeaseProvider, Result, deadline_after};
 
 /// How a [`LeaseGuard`] renews.
 #[derive(Clone, Debug, Default)]
@@ -20,6 +20,11 @@ pub struct GuardConfig {
     /// After a failed renewal (store unreachable), retry after this long.
     /// Default: a tenth of the validity window, between 10 ms and 1 s.
     pub retry_every: Option<Duration>,
+    /// Fire the lost signal this long **before** local validity ends when
+    /// renewals keep failing, so the job has this long to stop while the lease
+    /// is still surely held. Default: a tenth of the validity window, at most
+    /// 1 s; never more than half the window.
+    pub lost_margin: Option<Duration>,
     /// Do not release the lease when the guard is dropped without
     /// [`LeaseGuard::release`]; let it run out instead. Default: release.
     pub keep_on_drop: bool,
@@ -75,9 +80,13 @@ impl Shared {
 /// Holds a lease: renews it in the background and fires a lost signal the job
 /// can select on (C11).
 ///
-/// Renewal runs every `TTL/3` by default. A failed renewal is retried until the
-/// lease's local validity ([`Lease::valid_until`]) ends; then, or at once when the
-/// store says the lease is gone, the lost signal fires. It is never only logged.
+/// Renewal runs every `TTL/3` by default (never later than half the validity
+/// window). A failed renewal is retried until the lease's local validity
+/// ([`Lease::valid_until`]) is [`GuardConfig::lost_margin`] away; then, or at once
+/// when the store says the lease is gone, the lost signal fires: always before
+/// local validity ends, never after. If the renewal task ends for any other
+/// reason (a panic, a runtime shutting down) the signal fires too. A renewal
+/// failure is never only logged.
 /// Release explicitly with [`release`](Self::release); dropping the guard releases
 /// on a best-effort basis in the background.
 ///
@@ -124,9 +133,16 @@ impl LeaseGuard {
         let window = lease
             .valid_until()
             .saturating_duration_since(lease.sent_at());
+        let lost_margin = config
+            .lost_margin
+            .unwrap_or((window / 10).min(Duration::from_secs(1)))
+            .min(window / 2);
+        // A renewal must be sent while the lease is surely held, with time for
+        // a retry: never later than half of what is left after the margin.
         let renew_every = config
             .renew_every
             .unwrap_or(window / 3)
+            .min(window.saturating_sub(lost_margin) / 2)
             .max(Duration::from_millis(1));
         let retry_every = config
             .retry_every
@@ -142,8 +158,11 @@ impl LeaseGuard {
             Arc::clone(&provider),
             Arc::clone(&shared),
             stop.clone(),
-            renew_every,
-            retry_every,
+            Timing {
+                renew_every,
+                retry_every,
+                lost_margin,
+            },
         ));
         LeaseGuard {
             provider,
@@ -249,37 +268,75 @@ impl Drop for LeaseGuard {
     }
 }
 
+#[derive(Clone, Copy)]
+struct Timing {
+    renew_every: Duration,
+    retry_every: Duration,
+    lost_margin: Duration,
+}
+
+/// Fires the lost signal when the renewal task ends for any reason other than
+/// being stopped: a panic, an abort, a runtime shutting down. Without it a dead
+/// task would leave `is_lost()` false while nobody renews.
+struct FireUnlessStopped {
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+}
+
+impl Drop for FireUnlessStopped {
+    fn drop(&mut self) {
+        if !self.stop.is_cancelled() {
+            self.shared.fire(LostReason::Expired(
+                "the renewal task ended without being stopped".into(),
+            ));
+        }
+    }
+}
+
 async fn renew_loop(
     provider: Arc<dyn LeaseProvider>,
     shared: Arc<Shared>,
     stop: CancellationToken,
-    renew_every: Duration,
-    retry_every: Duration,
+    timing: Timing,
 ) {
+    let _fire = FireUnlessStopped {
+        shared: Arc::clone(&shared),
+        stop: stop.clone(),
+    };
+    // The instant the lost signal must fire by: ahead of local validity by the margin.
+    let fire_at = |lease: &Lease| {
+        lease
+            .valid_until()
+            .checked_sub(timing.lost_margin)
+            .unwrap_or_else(|| lease.valid_until())
+    };
     loop {
-        let sent_at = lock(&shared.lease).sent_at();
+        let (sent_at, deadline) = {
+            let l = lock(&shared.lease);
+            (l.sent_at(), fire_at(&l))
+        };
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = sleep_until(sent_at + renew_every) => {}
+            _ = sleep_until(deadline_after(sent_at, timing.renew_every).min(deadline)) => {}
         }
         let mut last_error: Option<LeaseError> = None;
         loop {
             let current = lock(&shared.lease).clone();
-            let valid_until = current.valid_until();
-            if Instant::now() >= valid_until {
-                let e =
-                    last_error.map_or_else(|| "no answer in time".to_string(), |e| e.to_string());
-                shared.fire(LostReason::Expired(e));
+            let deadline = fire_at(&current);
+            let expired = |last_error: Option<LeaseError>| {
+                LostReason::Expired(last_error.map_or_else(
+                    || "the store did not answer before local validity ended".to_string(),
+                    |e| e.to_string(),
+                ))
+            };
+            if Instant::now() >= deadline {
+                shared.fire(expired(last_error));
                 return;
             }
             tokio::select! {
                 _ = stop.cancelled() => return,
-                _ = sleep_until(valid_until) => {
-                    let e = last_error.map_or_else(
-                        || "the store did not answer before local validity ended".to_string(),
-                        |e| e.to_string(),
-                    );
-                    shared.fire(LostReason::Expired(e));
+                _ = sleep_until(deadline) => {
+                    shared.fire(expired(last_error));
                     return;
                 }
                 result = provider.extend(&current, current.ttl()) => match result {
@@ -294,7 +351,7 @@ async fn renew_loop(
                     Err(e) => {
                         tracing::warn!(key = %current.key(), error = %e, "lease renewal failed; retrying until local validity ends");
                         last_error = Some(e);
-                        let retry_at = (Instant::now() + retry_every).min(valid_until);
+                        let retry_at = deadline_after(Instant::now(), timing.retry_every).min(deadline);
                         tokio::select! {
                             _ = stop.cancelled() => return,
                             _ = sleep_until(retry_at) => {}

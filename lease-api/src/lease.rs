@@ -82,7 +82,7 @@ impl fmt::Display for OwnerId {
 /// The safety margin subtracted from the granted TTL for local validity (C10):
 /// 1% of the TTL plus 2 ms, for clock-rate drift between client and store.
 pub fn drift_margin(ttl: Duration) -> Duration {
-    ttl / 100 + Duration::from_millis(2)
+    (ttl / 100).saturating_add(Duration::from_millis(2))
 }
 
 /// One holder's claim on a key until its expiry.
@@ -110,7 +110,7 @@ impl Lease {
         ttl: Duration,
         sent_at: Instant,
     ) -> Self {
-        let valid_until = sent_at + ttl.saturating_sub(drift_margin(ttl));
+        let valid_until = crate::deadline_after(sent_at, ttl.saturating_sub(drift_margin(ttl)));
         Lease {
             key,
             token,

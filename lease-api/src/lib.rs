@@ -59,6 +59,7 @@ mod lease;
 mod memory;
 mod provider;
 mod run;
+mod time;
 
 pub use caps::{
     Capabilities, DEFAULT_MAX_TTL, ExpiryClock, Notifications, ProbedCapabilities, TokenDurability,
@@ -72,4 +73,5 @@ pub use lease::{FencingToken, Lease, LeaseInfo, OwnerId, TryAcquire, drift_margi
 pub use memory::{DEFAULT_NAMESPACE, MemoryProvider, MemoryStore};
 pub use provider::{KeyWatch, LeaseProvider, MAX_BLIND_WAIT, NotifyWatch, SleepWatch, acquire};
 pub use run::{LeaseContext, RunOptions, RunOutcome, run_with_lease};
+pub use time::{deadline_after, deadline_in};
 pub use tokio_util::sync::CancellationToken;

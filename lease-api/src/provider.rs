@@ -137,11 +137,15 @@ pub const MAX_BLIND_WAIT: Duration = Duration::from_secs(5);
 /// released at once, so a dropped waiter never leaks a lease.
 ///
 /// While waiting, a store that is briefly unavailable is retried (with backoff)
-/// until the wait runs out; then its error is returned.
+/// until the wait runs out; then its error is returned. Errors a retry cannot
+/// fix (see [`LeaseError::is_transient`]) are returned at once. A `wait` of
+/// `Duration::MAX` waits forever. When the provider cannot set up a watch, the
+/// waiter falls back to retrying when the holder's TTL runs out.
 ///
 /// # Errors
 /// Invalid TTL at once; `Unavailable`/`Timeout` when the store could not be
-/// reached before the wait ran out (at once when `wait` is zero).
+/// reached before the wait ran out (at once when `wait` is zero); a permanent
+/// store error (`Backend`: permissions, a wrong type, a missing table) at once.
 pub async fn acquire<P>(
     provider: &Arc<P>,
     key: &LeaseKey,
@@ -151,7 +155,8 @@ pub async fn acquire<P>(
 where
     P: LeaseProvider + ?Sized + 'static,
 {
-    let deadline = Instant::now() + wait;
+    // `Duration::MAX` (or any wait past the far future) means "wait forever".
+    let deadline = crate::deadline_in(wait);
     let mut backoff = Duration::from_millis(50);
     loop {
         let error = match attempt(provider, key, ttl, wait.is_zero()).await {
@@ -165,7 +170,7 @@ where
                 // Wake on the store's notification, or when the holder's lease
                 // would end, or at the deadline, whichever comes first.
                 let until_expiry = remaining
-                    .map(|r| r + Duration::from_millis(1))
+                    .map(|r| r.saturating_add(Duration::from_millis(1)))
                     .unwrap_or(MAX_BLIND_WAIT);
                 watch.changed(until_expiry.min(deadline - now)).await;
                 continue;
@@ -196,7 +201,12 @@ where
     let watch = if no_wait {
         None
     } else {
-        Some(provider.watch(key).await?)
+        // A watch that cannot be set up (a store blip, a user without pub/sub
+        // permission) must not block a free key: wait by the holder's TTL instead.
+        Some(provider.watch(key).await.unwrap_or_else(|e| {
+            tracing::debug!(key = %key, error = %e, "cannot watch the key; waiting by the holder's TTL instead");
+            Box::new(SleepWatch) as Box<dyn KeyWatch>
+        }))
     };
     Ok((cancel_safe_try_acquire(provider, key, ttl).await?, watch))
 }

@@ -18,8 +18,12 @@ pub struct RunOptions {
     pub wait: Duration,
     /// Keep the key held at least this long after it was acquired, even if the
     /// job ends sooner, so that late instances of a once-per-slot job (cron) find
-    /// it taken. The remainder is left to run out in the store; the process does
-    /// not have to stay alive. Default: release as soon as the job ends.
+    /// it taken. Where leases end only by TTL, the remainder is left to run out in
+    /// the store and the call returns at once. Where the store ties leases to
+    /// the holder's session ([`Capabilities::holder_session`](crate::Capabilities::holder_session),
+    /// ZooKeeper), the lease would end with the process, so the call keeps
+    /// renewing until the hold ends, then releases. Default: release as soon as
+    /// the job ends.
     pub min_hold: Duration,
     /// How the lease is renewed while the job runs.
     pub guard: GuardConfig,
@@ -110,9 +114,21 @@ where
         let reason = guard.lost_reason().unwrap_or(LostReason::Revoked);
         return Ok(RunOutcome::Lost { reason, token });
     }
-    let hold_until = acquired_at + options.min_hold;
+    let hold_until = crate::deadline_after(acquired_at, options.min_hold);
     let now = Instant::now();
-    if hold_until > now {
+    if hold_until > now && provider.capabilities().holder_session.is_some() {
+        // The lease ends with our session: stay and renew until the hold ends.
+        tokio::select! {
+            reason = guard.lost() => {
+                tracing::warn!(key = %key, %reason, "lease lost during the minimum hold");
+                return Ok(RunOutcome::Completed { value, token });
+            }
+            _ = tokio::time::sleep_until(hold_until) => {}
+        }
+        if let Err(e) = guard.release().await {
+            tracing::warn!(key = %key, error = %e, "release after the minimum hold failed; the lease runs out by its TTL");
+        }
+    } else if hold_until > now {
         let lease = guard.detach().await;
         let rest = provider.capabilities().practical_ttl(hold_until - now);
         if let Err(e) = provider.extend(&lease, rest).await {

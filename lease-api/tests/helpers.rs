@@ -14,19 +14,33 @@ use tokio::time::{Instant, sleep};
 #[derive(Debug)]
 struct FailingExtend {
     inner: MemoryProvider,
-    mode: AtomicU8, // 0: pass through, 1: Unavailable, 2: Lost
+    mode: AtomicU8, // PASS, DOWN, REVOKED or PANIC
+    /// try_acquire: PASS, DOWN (Unavailable) or REFUSED (a permanent Backend error).
+    acquire_mode: AtomicU8,
+    watch_fails: AtomicBool,
 }
 
 const PASS: u8 = 0;
 const DOWN: u8 = 1;
 const REVOKED: u8 = 2;
+const PANIC: u8 = 3;
+const REFUSED: u8 = 4;
 
 impl FailingExtend {
     fn new() -> Arc<Self> {
         Arc::new(FailingExtend {
             inner: MemoryProvider::new(),
             mode: AtomicU8::new(PASS),
+            acquire_mode: AtomicU8::new(PASS),
+            watch_fails: AtomicBool::new(false),
         })
+    }
+}
+
+fn injected_outage() -> LeaseError {
+    LeaseError::Unavailable {
+        message: "injected outage".into(),
+        source: None,
     }
 }
 
@@ -39,14 +53,16 @@ impl LeaseProvider for FailingExtend {
         self.inner.namespace()
     }
     async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
-        self.inner.try_acquire(key, ttl).await
+        match self.acquire_mode.load(Ordering::SeqCst) {
+            DOWN => Err(injected_outage()),
+            REFUSED => Err(LeaseError::protocol("NOPERM injected: not allowed")),
+            _ => self.inner.try_acquire(key, ttl).await,
+        }
     }
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
         match self.mode.load(Ordering::SeqCst) {
-            DOWN => Err(LeaseError::Unavailable {
-                message: "injected outage".into(),
-                source: None,
-            }),
+            DOWN => Err(injected_outage()),
+            PANIC => panic!("injected panic in extend"),
             REVOKED => Err(LeaseError::Lost {
                 key: lease.key().clone(),
                 token: lease.token(),
@@ -59,6 +75,12 @@ impl LeaseProvider for FailingExtend {
     }
     async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>> {
         self.inner.inspect(key).await
+    }
+    async fn watch(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {
+        if self.watch_fails.load(Ordering::SeqCst) {
+            return Err(injected_outage());
+        }
+        self.inner.watch(key).await
     }
 }
 
@@ -105,14 +127,18 @@ async fn guard_fires_lost_no_later_than_local_validity_when_store_is_down() {
         .into_lease()
         .unwrap();
     let valid_until = lease.valid_until();
+    let start = lease.sent_at();
     let guard = LeaseGuard::new(provider.clone(), lease);
     provider.mode.store(DOWN, Ordering::SeqCst);
     let reason = guard.lost().await;
     let fired_at = Instant::now();
+    // The default margin: a tenth of the validity window (at most 1 s); tokio
+    // timers have millisecond resolution.
+    let margin = (valid_until - start) / 10 - Duration::from_millis(1);
     assert!(
-        fired_at <= valid_until,
-        "fired {:?} after validity",
-        fired_at - valid_until
+        fired_at + margin <= valid_until,
+        "fired {:?} before validity ended; the margin is {margin:?}",
+        valid_until.saturating_duration_since(fired_at)
     );
     assert!(
         fired_at + TTL / 3 > valid_until,
@@ -434,4 +460,142 @@ async fn waiting_rides_out_a_store_blip_but_no_wait_reports_it() {
         .await
         .unwrap_err();
     assert!(matches!(err, LeaseError::Unavailable { .. }), "{err}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn guard_with_renew_interval_beyond_the_ttl_still_keeps_the_lease() {
+    let provider: Arc<dyn LeaseProvider> = Arc::new(MemoryProvider::new());
+    let k = key("renew-every-too-long");
+    let lease = provider
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    let config = GuardConfig {
+        renew_every: Some(TTL * 2),
+        ..GuardConfig::default()
+    };
+    let guard = LeaseGuard::with_config(Arc::clone(&provider), lease, config);
+    sleep(TTL * 5).await;
+    assert!(!guard.is_lost(), "{:?}", guard.lost_reason());
+    assert!(!provider.try_acquire(&k, TTL).await.unwrap().is_acquired());
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn guard_fires_lost_when_its_renewal_task_dies() {
+    let provider = FailingExtend::new();
+    let k = key("renewal-panics");
+    let lease = provider
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    let valid_until = lease.valid_until();
+    let guard = LeaseGuard::new(provider.clone(), lease);
+    provider.mode.store(PANIC, Ordering::SeqCst);
+    let reason = tokio::time::timeout_at(valid_until, guard.lost())
+        .await
+        .expect("lost must fire before local validity ends when the renewal task dies");
+    assert!(guard.is_lost());
+    assert!(matches!(reason, LostReason::Expired(_)), "{reason:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn huge_durations_never_panic() {
+    let provider: Arc<dyn LeaseProvider> = Arc::new(MemoryProvider::new());
+    let k = key("huge");
+    // Wait forever for a free key, and for a key released later.
+    let lease = acquire(&provider, &k, TTL, Duration::MAX)
+        .await
+        .unwrap()
+        .unwrap();
+    let p2 = Arc::clone(&provider);
+    let k2 = k.clone();
+    let waiter = tokio::spawn(async move { acquire(&p2, &k2, TTL, Duration::MAX).await });
+    sleep(Duration::from_millis(100)).await;
+    provider.release(&lease).await.unwrap();
+    let second = waiter
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("acquired after release");
+    // A guard with every interval at its maximum.
+    let config = GuardConfig {
+        renew_every: Some(Duration::MAX),
+        retry_every: Some(Duration::MAX),
+        lost_margin: Some(Duration::MAX),
+        keep_on_drop: false,
+    };
+    let guard = LeaseGuard::with_config(Arc::clone(&provider), second, config);
+    sleep(TTL * 3).await;
+    assert!(!guard.is_lost(), "{:?}", guard.lost_reason());
+    guard.release().await.unwrap();
+    // A minimum hold beyond any TTL: held as long as the store allows, no panic.
+    let options = RunOptions {
+        min_hold: Duration::MAX,
+        ..RunOptions::default()
+    };
+    let outcome = run_with_lease(Arc::clone(&provider), &k, TTL, options, |_| async {})
+        .await
+        .unwrap();
+    assert!(matches!(outcome, RunOutcome::Completed { .. }));
+    assert!(!provider.try_acquire(&k, TTL).await.unwrap().is_acquired());
+}
+
+#[tokio::test(start_paused = true)]
+async fn acquire_fails_fast_on_a_permanent_error_and_retries_a_transient_one() {
+    let provider = FailingExtend::new();
+    let k = key("permanent");
+    provider.acquire_mode.store(REFUSED, Ordering::SeqCst);
+    let started = Instant::now();
+    let err = acquire(&provider, &k, TTL, Duration::from_secs(60))
+        .await
+        .unwrap_err();
+    assert!(!err.is_transient(), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_millis(1),
+        "retried a permanent error for {:?}",
+        started.elapsed()
+    );
+    provider.acquire_mode.store(DOWN, Ordering::SeqCst);
+    let started = Instant::now();
+    let err = acquire(&provider, &k, TTL, Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert!(err.is_transient(), "{err}");
+    assert!(
+        started.elapsed() >= Duration::from_secs(4),
+        "gave up on a transient error after {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn acquire_gets_the_key_when_watching_fails() {
+    let provider = FailingExtend::new();
+    provider.watch_fails.store(true, Ordering::SeqCst);
+    let k = key("no-watch");
+    let lease = acquire(&provider, &k, TTL, Duration::from_secs(2))
+        .await
+        .unwrap()
+        .expect("a free key");
+    // Held by someone else: the waiter falls back to the holder's TTL.
+    let p2 = Arc::clone(&provider);
+    let k2 = k.clone();
+    let started = Instant::now();
+    let waiter = tokio::spawn(async move { acquire(&p2, &k2, TTL, TTL * 2).await });
+    let second = waiter
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("acquired once the first lease expired");
+    assert!(second.token() > lease.token());
+    assert!(
+        started.elapsed() <= TTL + Duration::from_millis(50),
+        "{:?}",
+        started.elapsed()
+    );
 }

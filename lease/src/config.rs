@@ -16,7 +16,8 @@ etcd://host1:port[,host2:port] (etcds:// for TLS), zk://host1:port[,host2:port][
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Store {
-    /// `memory://`: the in-memory provider (one store per process).
+    /// `memory://`: the in-memory provider; every `memory://` provider of a
+    /// process shares one store (it cannot coordinate two processes).
     Memory,
     /// `redis://` or `rediss://`: one Redis server.
     Redis(String),
@@ -197,7 +198,7 @@ impl Store {
         lease_api::validate_namespace(namespace)?;
         let _ = (connect, request);
         match self {
-            Store::Memory => Ok(Arc::new(lease_api::MemoryStore::new().provider(namespace)?)),
+            Store::Memory => Ok(Arc::new(process_store().provider(namespace)?)),
             #[cfg(feature = "redis")]
             Store::Redis(url) => Ok(Arc::new(lease_redis::RedisProvider::new(
                 lease_redis::RedisConfig::new(url)
@@ -441,7 +442,16 @@ pub fn connect(url: &str) -> Result<Arc<dyn LeaseProvider>> {
     StoreConfig::new(url).build()
 }
 
-/// A provider on a fresh in-memory store, the embedded default.
+/// The one in-memory store of this process, shared by every provider that
+/// `memory://` builds: two connects see each other's leases, like two clients of
+/// one server, and tokens keep growing across them.
+fn process_store() -> &'static lease_api::MemoryStore {
+    static STORE: std::sync::OnceLock<lease_api::MemoryStore> = std::sync::OnceLock::new();
+    STORE.get_or_init(lease_api::MemoryStore::new)
+}
+
+/// A provider on a fresh in-memory store of its own (unlike `memory://`, which
+/// is the process's one store): for tests that want isolation.
 pub fn memory() -> Arc<dyn LeaseProvider> {
     Arc::new(MemoryProvider::new())
 }
@@ -610,5 +620,35 @@ mod tests {
                 assert!(e.to_string().contains("cargo feature"), "{url}: {e}");
             }
         }
+    }
+
+    #[tokio::test]
+    async fn memory_urls_share_one_store_per_process() {
+        let key = lease_api::LeaseKey::new("one-store-per-process").unwrap();
+        let a = connect("memory://").unwrap();
+        let b = connect("memory://").unwrap();
+        let ttl = Duration::from_secs(30);
+        let first = a
+            .try_acquire(&key, ttl)
+            .await
+            .unwrap()
+            .into_lease()
+            .unwrap();
+        assert!(
+            !b.try_acquire(&key, ttl).await.unwrap().is_acquired(),
+            "a second memory:// connect must see the first one's lease"
+        );
+        a.release(&first).await.unwrap();
+        let second = b
+            .try_acquire(&key, ttl)
+            .await
+            .unwrap()
+            .into_lease()
+            .unwrap();
+        assert!(
+            second.token() > first.token(),
+            "tokens grow across connects"
+        );
+        b.release(&second).await.unwrap();
     }
 }
