@@ -76,6 +76,31 @@ pub struct Capabilities {
     /// validity within it, so a holder cut off from the store learns of the loss
     /// in time. `None`: leases end only by TTL or release.
     pub holder_session: Option<Duration>,
+    /// How much longer than its TTL (plus [`expiry_slack`](Self::expiry_slack))
+    /// an unrenewed lease may stay held when the store fails over, as a
+    /// multiple of the lease's TTL plus a fixed time. etcd's new leader grants
+    /// every lease its full TTL again after an election, so a crashed holder's
+    /// key can stay held for up to another TTL plus the election timeout.
+    /// `None`: a failover does not lengthen leases (or the store has none).
+    pub failover_extension: Option<FailoverExtension>,
+}
+
+/// How far a store failover can push a lease's expiry past its TTL (see
+/// [`Capabilities::failover_extension`]): `ttl_multiple × TTL + fixed`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FailoverExtension {
+    /// Whole TTLs added (etcd: 1, the lease restarts at the new leader).
+    pub ttl_multiple: u32,
+    /// A fixed time added (etcd: the election timeout).
+    pub fixed: Duration,
+}
+
+impl FailoverExtension {
+    /// The longest a lease of `ttl` may outlive its TTL across one failover.
+    pub fn bound(&self, ttl: Duration) -> Duration {
+        ttl.saturating_mul(self.ttl_multiple)
+            .saturating_add(self.fixed)
+    }
 }
 
 impl Capabilities {
@@ -139,6 +164,7 @@ mod tests {
             notifications: Notifications::TimedRetryOnly,
             expiry_clock: ExpiryClock::ProcessMonotonic,
             holder_session: None,
+            failover_extension: None,
         }
     }
 

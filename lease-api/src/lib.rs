@@ -62,7 +62,8 @@ mod run;
 mod time;
 
 pub use caps::{
-    Capabilities, DEFAULT_MAX_TTL, ExpiryClock, Notifications, ProbedCapabilities, TokenDurability,
+    Capabilities, DEFAULT_MAX_TTL, ExpiryClock, FailoverExtension, Notifications,
+    ProbedCapabilities, TokenDurability,
 };
 pub use error::{BoxError, LeaseError, Result};
 pub use fence::{FenceGate, StaleToken};

@@ -125,6 +125,7 @@ fn memory_capabilities() -> Capabilities {
         notifications: Notifications::Native("in-process notify"),
         expiry_clock: ExpiryClock::ProcessMonotonic,
         holder_session: None,
+        failover_extension: None,
     }
 }
 

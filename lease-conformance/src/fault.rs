@@ -1,7 +1,7 @@
 //! Fault injection over any provider.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -47,6 +47,7 @@ impl Partition {
 }
 
 #[async_trait]
+#[deny(clippy::missing_trait_methods)]
 impl LeaseProvider for Partition {
     fn capabilities(&self) -> &Capabilities {
         self.inner.capabilities()
@@ -72,6 +73,69 @@ impl LeaseProvider for Partition {
     }
     async fn watch(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {
         self.check()?;
+        self.inner.watch(key).await
+    }
+}
+
+/// Wraps a provider, counts its store calls, and can make [`watch`](LeaseProvider::watch)
+/// fail (a lost pub/sub permission, a notification channel that cannot be set up).
+#[derive(Debug)]
+pub struct Instrumented {
+    inner: Arc<dyn LeaseProvider>,
+    fail_watch: AtomicBool,
+    try_acquires: AtomicU64,
+}
+
+impl Instrumented {
+    /// Wraps `inner`, passing everything through.
+    pub fn new(inner: Arc<dyn LeaseProvider>) -> Arc<Self> {
+        Arc::new(Instrumented {
+            inner,
+            fail_watch: AtomicBool::new(false),
+            try_acquires: AtomicU64::new(0),
+        })
+    }
+
+    /// Makes `watch` fail with `Unavailable` (`true`) or pass through (`false`).
+    pub fn fail_watch(&self, fail: bool) {
+        self.fail_watch.store(fail, Ordering::SeqCst);
+    }
+
+    /// How many `try_acquire` calls went through so far.
+    pub fn try_acquires(&self) -> u64 {
+        self.try_acquires.load(Ordering::SeqCst)
+    }
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl LeaseProvider for Instrumented {
+    fn capabilities(&self) -> &Capabilities {
+        self.inner.capabilities()
+    }
+    fn namespace(&self) -> &str {
+        self.inner.namespace()
+    }
+    async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
+        self.try_acquires.fetch_add(1, Ordering::SeqCst);
+        self.inner.try_acquire(key, ttl).await
+    }
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        self.inner.extend(lease, ttl).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        self.inner.release(lease).await
+    }
+    async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>> {
+        self.inner.inspect(key).await
+    }
+    async fn watch(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {
+        if self.fail_watch.load(Ordering::SeqCst) {
+            return Err(LeaseError::Unavailable {
+                message: "watching is refused (injected)".into(),
+                source: None,
+            });
+        }
         self.inner.watch(key).await
     }
 }

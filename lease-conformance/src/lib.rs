@@ -42,7 +42,7 @@ use async_trait::async_trait;
 use lease_api::{LeaseError, LeaseKey, LeaseProvider};
 
 pub use cases::CASES;
-pub use fault::Partition;
+pub use fault::{Instrumented, Partition};
 pub use memory::MemoryFactory;
 
 #[doc(hidden)]
@@ -286,8 +286,10 @@ macro_rules! conformance_tests {
                 acquire_free_key,
                 held_key_refuses_second_acquirer,
                 concurrent_acquirers_exactly_one_wins,
+                concurrent_takeover_of_expired_lease_has_one_winner,
                 release_frees_key_at_once,
                 double_release_is_not_held,
+                release_of_expired_lease_is_not_held,
                 stale_release_after_takeover_keeps_new_holder,
                 extend_pushes_expiry_past_original_ttl,
                 extend_after_expiry_fails,
@@ -300,6 +302,7 @@ macro_rules! conformance_tests {
                 keys_are_independent,
                 namespaces_are_isolated,
                 unusual_keys_work_and_stay_distinct,
+                unusual_namespaces_work_and_stay_distinct,
                 invalid_keys_are_rejected,
                 invalid_ttls_are_rejected,
                 granted_ttl_follows_capabilities,
@@ -308,8 +311,11 @@ macro_rules! conformance_tests {
                 waiter_times_out_while_held,
                 waiter_gets_key_after_crashed_holder_expires,
                 dropped_wait_leaks_no_lease,
+                waiter_gets_free_key_when_watch_fails,
+                waiter_store_calls_are_bounded,
                 guard_renews_past_several_ttls,
                 guard_fires_lost_signal_by_local_validity,
+                min_hold_keeps_key_after_a_short_job,
                 local_validity_never_exceeds_sent_plus_ttl,
                 fence_gate_rejects_older_holder,
                 unreachable_store_is_unavailable,

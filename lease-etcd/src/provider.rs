@@ -9,9 +9,9 @@ use etcd_client::{
     TxnResponse, WatchStream,
 };
 use lease_api::{
-    Capabilities, DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, ExpiryClock, FencingToken, KeyWatch, Lease,
-    LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Notifications, OwnerId, Result,
-    TokenDurability, TryAcquire, validate_namespace,
+    Capabilities, DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, ExpiryClock, FailoverExtension, FencingToken,
+    KeyWatch, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Notifications, OwnerId,
+    Result, TokenDurability, TryAcquire, validate_namespace,
 };
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
@@ -90,6 +90,9 @@ fn encode_namespace(ns: &str) -> String {
 /// gRPC status codes (stable across gRPC implementations) that mean the
 /// cluster could not serve the request: CANCELLED, UNKNOWN, DEADLINE_EXCEEDED,
 /// ABORTED, UNAVAILABLE.
+/// etcd's default election timeout is 1 s; leave room for a slow election.
+const ELECTION_TIMEOUT_BOUND: Duration = Duration::from_secs(3);
+
 fn status_unavailable(code: i32) -> bool {
     matches!(code, 1 | 2 | 4 | 10 | 14)
 }
@@ -128,6 +131,13 @@ impl EtcdProvider {
             notifications: Notifications::Native("etcd watch"),
             expiry_clock: ExpiryClock::ConsensusLeader,
             holder_session: None,
+            // A new leader restarts every lease at its full TTL once elected
+            // (etcd's lessor promotion), so a failover can hold a crashed
+            // holder's key for another TTL plus the election timeout.
+            failover_extension: Some(FailoverExtension {
+                ttl_multiple: 1,
+                fixed: ELECTION_TIMEOUT_BOUND,
+            }),
         };
         Ok(EtcdProvider {
             inner: Arc::new(Inner {
@@ -282,7 +292,13 @@ impl EtcdProvider {
                 c.lease_time_to_live(id, None).await
             })
             .await?;
-        Ok(u64::try_from(resp.ttl()).ok().map(Duration::from_secs))
+        // etcd reports whole seconds, rounded down: 0 means "under a second",
+        // and -1 an expired lease whose key the lessor is about to delete.
+        // Report an upper bound, so a waiter sleeps until the end of that
+        // second (or the deletion's watch event) instead of retrying at once.
+        Ok(Some(Duration::from_secs(
+            u64::try_from(resp.ttl()).map_or(1, |s| s.saturating_add(1)),
+        )))
     }
 }
 

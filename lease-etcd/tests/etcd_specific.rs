@@ -156,3 +156,42 @@ async fn bad_endpoints_are_config_errors() {
         assert!(matches!(err, LeaseError::Config(_)), "{eps:?}: {err}");
     }
 }
+
+/// A restart makes the member leader again, and etcd's lessor then restarts
+/// every lease at its full TTL: an unrenewed lease outlives its TTL. The
+/// capabilities must declare how far (`failover_extension`), and the key must be
+/// free within TTL + slack + that bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_extends_leases_no_further_than_declared() {
+    let mut server = owned_etcd();
+    let p = private(&server);
+    let caps = p.capabilities().clone();
+    let ttl = Duration::from_secs(4);
+    let k = LeaseKey::new("failover-extension").unwrap();
+    let lease = until_ok(|| p.try_acquire(&k, ttl))
+        .await
+        .into_lease()
+        .unwrap();
+    let sent = Instant::now();
+    tokio::time::sleep(ttl / 2).await;
+    server.kill();
+    server.start_again();
+    let waiter = Arc::new(private(&server));
+    let extension = caps
+        .failover_extension
+        .map_or(Duration::ZERO, |f| f.bound(ttl));
+    let bound = ttl + caps.expiry_slack + extension + Duration::from_secs(2);
+    let next = until_ok(|| acquire(&waiter, &k, ttl, bound))
+        .await
+        .expect("the key was freed within the declared bound");
+    let freed = sent.elapsed();
+    eprintln!(
+        "a {ttl:?} lease was freed {freed:?} after acquire across a restart (declared bound {bound:?})"
+    );
+    assert!(next.token() > lease.token());
+    assert!(
+        freed <= bound,
+        "freed after {freed:?}, declared bound {bound:?}"
+    );
+    waiter.release(&next).await.unwrap();
+}

@@ -177,6 +177,7 @@ impl PostgresProvider {
             notifications: Notifications::Native("PostgreSQL LISTEN/NOTIFY"),
             expiry_clock: ExpiryClock::StoreServer,
             holder_session: None,
+            failover_extension: None,
         };
         Ok(PostgresProvider {
             inner: Arc::new(Inner {

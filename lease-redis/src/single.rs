@@ -75,6 +75,7 @@ pub(crate) fn base_capabilities(backend: &'static str, clock: ExpiryClock) -> Ca
         notifications: Notifications::Native("Redis pub/sub"),
         expiry_clock: clock,
         holder_session: None,
+        failover_extension: None,
     }
 }
 

@@ -44,7 +44,15 @@
 //! coarse. So a lease is expired when `now >= mtime + ttl` where `mtime` is the
 //! holder node's modification time (set by the leader when it committed the last
 //! acquire or extend) and `now` is the mtime of a probe write to the namespace
-//! node, also set by the leader. No client clock takes part. Taking over an
+//! node, also set by the leader. No client clock takes part in the judgement
+//! itself. One probe serves every caller of a provider for up to a second:
+//! `inspect`, expiry judgements and waiter wake-ups use that sample advanced by
+//! the local monotonic clock. The sample was taken before its answer arrived,
+//! so the estimate is a lower bound of the server's clock: a takeover is never
+//! early and at most one round trip late, and `inspect` writes at most one
+//! probe per second per provider instead of one per call. `extend` always takes
+//! a fresh probe, so it never extends a lease the server already considers
+//! expired. Taking over an
 //! expired holder is one multi: delete the holder at the version that was judged
 //! expired, create ours, bump the key node's version. If leadership moves between
 //! the two writes, the judgement uses two servers' wall clocks; keep ZooKeeper
@@ -55,7 +63,9 @@
 //! Every acquisition bumps the persistent key node's version (the epoch, kept in
 //! the lease). Extend checks owner, czxid and expiry, then runs a multi
 //! `check(key node, epoch) + setData(holder, version)`; release runs `check(key
-//! node, epoch) + delete(holder)`. A holder node deleted and recreated by a
+//! node, epoch) + delete(holder)`; release of a lease that already expired
+//! still deletes the node (waiters wake at once) but reports `NotHeld`, like
+//! every backend. A holder node deleted and recreated by a
 //! takeover always comes with a new epoch, so a stale holder can never touch it,
 //! even when node versions happen to match.
 //!
@@ -63,9 +73,12 @@
 //!
 //! A lease lives on the provider's session. When the session expires (the holder
 //! was cut off longer than the session timeout), ZooKeeper deletes the holder
-//! node and another process can take the key at once. Local validity therefore
-//! never extends past two thirds of the session timeout after the last acquire
-//! or extend was sent (the point where ZooKeeper's own clients consider a
+//! node and another process can take the key at once. The server clamps the
+//! requested timeout to its `minSessionTimeout`..`maxSessionTimeout`, so the
+//! provider uses the timeout the server **granted** (also what
+//! `capabilities().holder_session` reports once connected), never the one it
+//! asked for. Local validity therefore never extends past two thirds of the
+//! granted session timeout after the last acquire or extend was sent (the point where ZooKeeper's own clients consider a
 //! silent session in doubt), and guards renew within that window: a cut-off
 //! holder's lost signal fires before the server can expire its session. While
 //! the connection is down (session still alive) calls fail with `Unavailable`

@@ -11,8 +11,8 @@ use lease_api::{
 };
 use tokio::time::Instant;
 use zookeeper_client::{
-    Acls, Client, CreateMode, Error as ZkError, EventType, MultiWriteError, MultiWriteResult,
-    OneshotWatcher, SessionState,
+    Acls, Client, CreateMode, Error as ZkError, EventType, MultiReadResult, MultiWriteError,
+    MultiWriteResult, OneshotWatcher, SessionState,
 };
 
 /// How to reach ZooKeeper.
@@ -91,8 +91,27 @@ struct Inner {
     config: ZkConfig,
     client: tokio::sync::Mutex<Option<Client>>,
     ns_path: String,
-    caps: Capabilities,
+    /// Declared before the first session, with the timeout asked for.
+    asked_caps: Capabilities,
+    /// Declared once a session exists, with the timeout the server granted.
+    granted_caps: std::sync::OnceLock<Capabilities>,
+    /// The last server-clock sample, shared by every caller (see `shared_now`).
+    clock: tokio::sync::Mutex<Option<ClockSample>>,
 }
+
+/// A reading of the server's clock: a probe write's mtime, and when its answer
+/// arrived. The mtime was set before the answer left the server, so
+/// `mtime + elapsed since arrival` never runs ahead of the server's clock.
+#[derive(Clone, Copy)]
+struct ClockSample {
+    mtime: i64,
+    received: Instant,
+}
+
+/// How long one clock sample serves every caller of a provider: inspect, the
+/// expiry judgement of try_acquire and waiter wake-ups make at most one probe
+/// write per interval.
+const CLOCK_SAMPLE_REUSE: Duration = Duration::from_secs(1);
 
 /// Leases on ZooKeeper: ephemeral holder nodes, czxid tokens, expiry judged on
 /// the server's clock, watches for waiting. See the crate docs.
@@ -108,6 +127,13 @@ impl std::fmt::Debug for ZkProvider {
             .field("namespace", &self.inner.config.namespace)
             .finish_non_exhaustive()
     }
+}
+
+/// The state a takeover was judged on: read together in one multi-read.
+#[derive(Clone, Copy)]
+struct Judged {
+    epoch: i32,
+    holder_version: i32,
 }
 
 /// The paths of one lease.
@@ -183,13 +209,16 @@ impl ZkProvider {
             notifications: Notifications::Native("ZooKeeper watch"),
             expiry_clock: ExpiryClock::ServerWallClock,
             holder_session: Some(config.session_timeout),
+            failover_extension: None,
         };
         Ok(ZkProvider {
             inner: Arc::new(Inner {
                 ns_path: format!("/lease/{}", segment(&config.namespace)),
                 config,
                 client: tokio::sync::Mutex::new(None),
-                caps,
+                asked_caps: caps,
+                granted_caps: std::sync::OnceLock::new(),
+                clock: tokio::sync::Mutex::new(None),
             }),
         })
     }
@@ -287,8 +316,31 @@ impl ZkProvider {
                 Err(_) => return Err(self.timeout_error("creating the namespace node")),
             }
         }
+        // The server clamps the session timeout to its [min, max]SessionTimeout:
+        // what counts is the timeout it granted, never the one we asked for.
+        let granted = client.session_timeout();
+        if granted != c.session_timeout {
+            tracing::info!(
+                asked = ?c.session_timeout,
+                granted = ?granted,
+                "ZooKeeper granted a different session timeout; leases follow the granted one"
+            );
+        }
+        let _ = self.inner.granted_caps.set(Capabilities {
+            holder_session: Some(granted),
+            ..self.inner.asked_caps.clone()
+        });
+        // A new session may be served by another server: take a new clock sample.
+        *self.inner.clock.lock().await = None;
         *slot = Some(client.clone());
         Ok(client)
+    }
+
+    fn caps(&self) -> &Capabilities {
+        self.inner
+            .granted_caps
+            .get()
+            .unwrap_or(&self.inner.asked_caps)
     }
 
     async fn bounded<T>(
@@ -312,6 +364,37 @@ impl ZkProvider {
             )
             .await?
             .map_err(|e| self.map_err(e))?;
+        *self.inner.clock.lock().await = Some(ClockSample {
+            mtime: stat.mtime,
+            received: Instant::now(),
+        });
+        Ok(stat.mtime)
+    }
+
+    /// A lower bound of the server's clock, from a sample at most
+    /// [`CLOCK_SAMPLE_REUSE`] old advanced by our monotonic clock; one probe
+    /// write serves every concurrent caller. Being a lower bound, it never
+    /// judges a lease expired early: a takeover may come one round trip late,
+    /// and `inspect` may overstate the remaining TTL by as much.
+    async fn shared_now(&self, client: &Client) -> Result<i64> {
+        let mut slot = self.inner.clock.lock().await;
+        if let Some(sample) = *slot {
+            let age = sample.received.elapsed();
+            if age < CLOCK_SAMPLE_REUSE {
+                return Ok(sample.mtime + i64::try_from(age.as_millis()).unwrap_or(0));
+            }
+        }
+        let stat = self
+            .bounded(
+                "the clock probe",
+                client.set_data(&self.inner.ns_path, b"", None),
+            )
+            .await?
+            .map_err(|e| self.map_err(e))?;
+        *slot = Some(ClockSample {
+            mtime: stat.mtime,
+            received: Instant::now(),
+        });
         Ok(stat.mtime)
     }
 
@@ -328,19 +411,24 @@ impl ZkProvider {
     }
 
     /// Create the holder node and bump the key node's version (the epoch), in
-    /// one multi; `take_over` deletes an expired holder at its version first.
+    /// one multi; `take_over` deletes an expired holder first, at the holder
+    /// version and the epoch that were judged expired.
     async fn claim(
         &self,
         client: &Client,
         paths: &Paths,
         data: &[u8],
-        take_over: Option<i32>,
+        take_over: Option<Judged>,
     ) -> Result<Result<(i64, i32), ZkError>> {
         let mut w = client.new_multi_writer();
         let ephemeral = CreateMode::Ephemeral.with_acls(Acls::anyone_all());
         let built = (|| {
-            if let Some(version) = take_over {
-                w.add_delete(&paths.holder, Some(version))?;
+            if let Some(judged) = take_over {
+                // The epoch check makes concurrent takeovers exclusive: a fresh
+                // holder node starts at version 0 again, so the holder version
+                // alone would let a second contender delete the first one's node.
+                w.add_check_version(&paths.key, judged.epoch)?;
+                w.add_delete(&paths.holder, Some(judged.holder_version))?;
             }
             w.add_create(&paths.holder, data, &ephemeral)?;
             w.add_set_data(&paths.key, b"", None)
@@ -365,41 +453,83 @@ impl ZkProvider {
         }))
     }
 
+    /// The holder node's data and stat and the key node's version (the epoch),
+    /// read atomically; `None` when either node is gone.
+    async fn read_holder_and_epoch(
+        &self,
+        client: &Client,
+        paths: &Paths,
+    ) -> Result<Option<(Vec<u8>, zookeeper_client::Stat, i32)>> {
+        let mut r = client.new_multi_reader();
+        if let Err(e) = r
+            .add_get_data(&paths.key)
+            .and_then(|()| r.add_get_data(&paths.holder))
+        {
+            return Err(self.map_err(e));
+        }
+        let results = self
+            .bounded("get", r.commit())
+            .await?
+            .map_err(|e| self.map_err(e))?;
+        let mut results = results.into_iter();
+        match (results.next(), results.next()) {
+            (
+                Some(MultiReadResult::Data { stat: key, .. }),
+                Some(MultiReadResult::Data { data, stat }),
+            ) => Ok(Some((data, stat, key.version))),
+            (Some(MultiReadResult::Error { err }), _)
+            | (_, Some(MultiReadResult::Error { err }))
+                if matches!(err, ZkError::NoNode) =>
+            {
+                Ok(None)
+            }
+            (Some(MultiReadResult::Error { err }), _)
+            | (_, Some(MultiReadResult::Error { err })) => Err(self.map_err(err)),
+            other => Err(LeaseError::protocol(format!(
+                "unexpected multi-read answer from ZooKeeper: {other:?}"
+            ))),
+        }
+    }
+
     fn lease_from(
         &self,
         key: &LeaseKey,
         owner: OwnerId,
         ttl: Duration,
         sent_at: Instant,
-        zxid: i64,
-        epoch: i32,
+        (zxid, epoch): (i64, i32),
+        session: Duration,
     ) -> Result<Lease> {
         let token = u64::try_from(zxid).ok().filter(|t| *t > 0).ok_or_else(|| {
             LeaseError::protocol(format!("ZooKeeper returned zxid {zxid} for an acquire"))
         })?;
-        Ok(self.bounded_validity(
+        Ok(bounded_validity(
             Lease::new(key.clone(), FencingToken(token), owner, ttl, sent_at)
                 .with_handle(u64::from(epoch.unsigned_abs())),
+            session,
         ))
     }
+}
 
-    /// Local validity never outlasts the session: the server may expire it
-    /// `session_timeout` after it last heard from us, and the ephemeral holder
-    /// node goes with it.
-    fn bounded_validity(&self, lease: Lease) -> Lease {
-        // Like ZooKeeper's own clients, count a session as in doubt after two
-        // thirds of its timeout without an answer: the server expires it at the
-        // earliest a full timeout after it last heard from us.
-        let session = self.inner.config.session_timeout * 2 / 3;
-        let limit = lease.sent_at() + session.saturating_sub(drift_margin(session));
-        lease.with_valid_until(limit)
-    }
+/// Local validity never outlasts the session the lease lives on: the server
+/// may expire it `session` (the timeout it granted) after it last heard from
+/// us, and the ephemeral holder node goes with it.
+fn bounded_validity(lease: Lease, session: Duration) -> Lease {
+    // Like ZooKeeper's own clients, count a session as in doubt after two
+    // thirds of its timeout without an answer: the server expires it at the
+    // earliest a full timeout after it last heard from us.
+    let session = session * 2 / 3;
+    let limit = lease_api::deadline_after(
+        lease.sent_at(),
+        session.saturating_sub(drift_margin(session)),
+    );
+    lease.with_valid_until(limit)
 }
 
 #[async_trait]
 impl LeaseProvider for ZkProvider {
     fn capabilities(&self) -> &Capabilities {
-        &self.inner.caps
+        self.caps()
     }
 
     fn namespace(&self) -> &str {
@@ -407,7 +537,7 @@ impl LeaseProvider for ZkProvider {
     }
 
     async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
-        let ttl = self.inner.caps.grant_ttl(ttl)?;
+        let ttl = self.caps().grant_ttl(ttl)?;
         let client = self.client().await?;
         let paths = self.paths(key);
         let owner = OwnerId::random();
@@ -416,9 +546,14 @@ impl LeaseProvider for ZkProvider {
             let sent_at = Instant::now();
             match self.claim(&client, &paths, &data, None).await? {
                 Ok((zxid, epoch)) => {
-                    return Ok(TryAcquire::Acquired(
-                        self.lease_from(key, owner, ttl, sent_at, zxid, epoch)?,
-                    ));
+                    return Ok(TryAcquire::Acquired(self.lease_from(
+                        key,
+                        owner,
+                        ttl,
+                        sent_at,
+                        (zxid, epoch),
+                        client.session_timeout(),
+                    )?));
                 }
                 Err(ZkError::NoNode) => {
                     self.ensure_key_node(&client, &paths).await?;
@@ -427,31 +562,37 @@ impl LeaseProvider for ZkProvider {
                 Err(ZkError::NodeExists) => {}
                 Err(e) => return Err(self.map_err(e)),
             }
-            // Held: judge expiry on the server's clock.
-            let (data_now, stat) = match self.bounded("get", client.get_data(&paths.holder)).await?
-            {
-                Ok(v) => v,
-                Err(ZkError::NoNode) => continue,
-                Err(e) => return Err(self.map_err(e)),
+            // Held: judge expiry on the server's clock, on the holder node and
+            // the epoch read together (one consistent snapshot).
+            let (data_now, stat, epoch) = match self.read_holder_and_epoch(&client, &paths).await? {
+                Some(v) => v,
+                None => continue,
             };
-            let now = self.server_now(&client).await?;
+            let now = self.shared_now(&client).await?;
             let holder_ttl = parse_holder(&data_now).map_or(Duration::ZERO, |(_, t)| t);
             let expires = stat.mtime + i64::try_from(holder_ttl.as_millis()).unwrap_or(i64::MAX);
             if now < expires {
-                let remaining = Duration::from_millis(u64::try_from(expires - now).unwrap_or(0));
+                let remaining = Duration::from_millis(u64::try_from(expires - now).unwrap_or(0))
+                    .min(holder_ttl);
                 return Ok(TryAcquire::Held {
                     remaining: Some(remaining),
                 });
             }
             let sent_at = Instant::now();
-            match self
-                .claim(&client, &paths, &data, Some(stat.version))
-                .await?
-            {
+            let judged = Judged {
+                epoch,
+                holder_version: stat.version,
+            };
+            match self.claim(&client, &paths, &data, Some(judged)).await? {
                 Ok((zxid, epoch)) => {
-                    return Ok(TryAcquire::Acquired(
-                        self.lease_from(key, owner, ttl, sent_at, zxid, epoch)?,
-                    ));
+                    return Ok(TryAcquire::Acquired(self.lease_from(
+                        key,
+                        owner,
+                        ttl,
+                        sent_at,
+                        (zxid, epoch),
+                        client.session_timeout(),
+                    )?));
                 }
                 // Someone else acted first; look again.
                 Err(ZkError::BadVersion | ZkError::NoNode | ZkError::NodeExists) => continue,
@@ -462,7 +603,7 @@ impl LeaseProvider for ZkProvider {
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
-        let ttl = self.inner.caps.grant_ttl(ttl)?;
+        let ttl = self.caps().grant_ttl(ttl)?;
         let lost = || LeaseError::Lost {
             key: lease.key().clone(),
             token: lease.token(),
@@ -501,7 +642,7 @@ impl LeaseProvider for ZkProvider {
             .bounded("extend", async { w.commit().await.map_err(multi_err) })
             .await?
         {
-            Ok(_) => Ok(self.bounded_validity(
+            Ok(_) => Ok(bounded_validity(
                 Lease::new(
                     lease.key().clone(),
                     lease.token(),
@@ -510,6 +651,7 @@ impl LeaseProvider for ZkProvider {
                     sent_at,
                 )
                 .with_handle(lease.handle()),
+                client.session_timeout(),
             )),
             Err(ZkError::BadVersion | ZkError::NoNode) => Err(lost()),
             Err(e) => Err(self.map_err(e)),
@@ -525,16 +667,25 @@ impl LeaseProvider for ZkProvider {
         let paths = self.paths(lease.key());
         // Key node versions repeat across keys and namespaces: check that the
         // holder node is this lease's (owner and czxid) before deleting it.
-        let (data, stat) = match self.bounded("get", client.get_data(&paths.holder)).await? {
+        let (current, now) = tokio::join!(
+            self.bounded("get", client.get_data(&paths.holder)),
+            self.shared_now(&client)
+        );
+        let (data, stat) = match current? {
             Ok(v) => v,
             Err(ZkError::NoNode) => return Err(not_held()),
             Err(e) => return Err(self.map_err(e)),
         };
-        let ours = parse_holder(&data).is_some_and(|(owner, _)| owner == lease.owner())
-            && u64::try_from(stat.czxid).ok() == Some(lease.token().get());
-        if !ours {
+        let now = now?;
+        let Some((owner, ttl)) = parse_holder(&data) else {
+            return Err(not_held());
+        };
+        if owner != lease.owner() || u64::try_from(stat.czxid).ok() != Some(lease.token().get()) {
             return Err(not_held());
         }
+        // Ours but expired: it is no longer held (C7). Still delete the node,
+        // guarded like a release, so waiters wake now instead of at their timer.
+        let expired = now >= stat.mtime + i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
         let epoch = i32::try_from(lease.handle()).unwrap_or(-1);
         let mut w = client.new_multi_writer();
         if let Err(e) = w
@@ -547,6 +698,7 @@ impl LeaseProvider for ZkProvider {
             .bounded("release", async { w.commit().await.map_err(multi_err) })
             .await?
         {
+            Ok(_) if expired => Err(not_held()),
             Ok(_) => Ok(()),
             Err(ZkError::BadVersion | ZkError::NoNode) => Err(not_held()),
             Err(e) => Err(self.map_err(e)),
@@ -558,7 +710,7 @@ impl LeaseProvider for ZkProvider {
         let paths = self.paths(key);
         let (current, now) = tokio::join!(
             self.bounded("get", client.get_data(&paths.holder)),
-            self.server_now(&client)
+            self.shared_now(&client)
         );
         let (data, stat) = match current? {
             Ok(v) => v,
@@ -575,7 +727,8 @@ impl LeaseProvider for ZkProvider {
         }
         Ok(Some(LeaseInfo {
             token: FencingToken(u64::try_from(stat.czxid).unwrap_or(0)),
-            remaining: Duration::from_millis(u64::try_from(expires - now).unwrap_or(0)),
+            // The clock sample is a lower bound; never report more than the TTL.
+            remaining: Duration::from_millis(u64::try_from(expires - now).unwrap_or(0)).min(ttl),
             owner: Some(owner),
         }))
     }

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use lease_api::{LeaseError, LeaseGuard, LeaseKey, LeaseProvider, acquire};
 use lease_testkit::until_ok;
-use lease_testkit::{OwnedProcess, Proxy, owned_zk, store_url};
+use lease_testkit::{OwnedProcess, Proxy, owned_zk, owned_zk_with_max_session, store_url};
 use lease_zk::{ZkConfig, ZkProvider};
 use std::sync::Arc;
 
@@ -19,19 +19,41 @@ fn on_port(port: u16) -> ZkConfig {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_session_frees_the_key_and_the_holders_guard_has_fired() {
     let zk: OwnedProcess = owned_zk();
-    let proxy = Proxy::start(zk.port()).await;
     let session = Duration::from_secs(2);
+    lost_session_case(&zk, session, session).await;
+}
+
+/// The server clamps the session timeout to its maximum: asked 6 s, granted
+/// 2 s. Validity and the guard must follow the granted timeout, or a cut-off
+/// holder still believes it holds the key after another client took it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clamped_session_timeout_bounds_validity_by_what_the_server_granted() {
+    let granted = Duration::from_secs(2);
+    let zk = owned_zk_with_max_session(granted);
+    lost_session_case(&zk, Duration::from_secs(6), granted).await;
+}
+
+async fn lost_session_case(zk: &OwnedProcess, asked: Duration, session: Duration) {
+    let proxy = Proxy::start(zk.port()).await;
     let holder: Arc<dyn LeaseProvider> =
-        Arc::new(ZkProvider::new(on_port(proxy.port()).session_timeout(session)).unwrap());
+        Arc::new(ZkProvider::new(on_port(proxy.port()).session_timeout(asked)).unwrap());
     let other = Arc::new(ZkProvider::new(on_port(zk.port())).unwrap());
     let k = LeaseKey::new("session-bound").unwrap();
-    let lease = until_ok(|| holder.try_acquire(&k, TTL))
+    // A TTL longer than the granted session: only the session bounds validity.
+    let ttl = Duration::from_secs(5);
+    let lease = until_ok(|| holder.try_acquire(&k, ttl))
         .await
         .into_lease()
         .unwrap();
+    assert_eq!(
+        holder.capabilities().holder_session,
+        Some(session),
+        "capabilities must declare the session timeout the server granted"
+    );
     assert!(
-        lease.valid_until() <= lease.sent_at() + session,
-        "validity must not outlast the session"
+        lease.valid_until() <= lease.sent_at() + session * 2 / 3,
+        "validity {:?} outlasts two thirds of the granted session {session:?}",
+        lease.valid_until() - lease.sent_at()
     );
     let guard = LeaseGuard::new(Arc::clone(&holder), lease.clone());
     let lost = guard.lost_token();
