@@ -26,6 +26,14 @@ pub(crate) fn redis_keys(ns_encoded: &str, key: &str) -> (String, String) {
     (format!("{tag}:lease"), format!("{tag}:fence"))
 }
 
+/// The tombstone that cancels one owner's acquire (same hash tag as the lease):
+/// written when an acquire's outcome is unknown, so a queued acquire that runs
+/// later refuses instead of leaving a lease nobody knows about.
+pub(crate) fn cancel_key(lease_key: &str, owner_hex: &str) -> String {
+    let tag = lease_key.strip_suffix(":lease").unwrap_or(lease_key);
+    format!("{tag}:cancel:{owner_hex}")
+}
+
 /// The pub/sub channel on which releases in a namespace are announced; the
 /// message is the released key.
 pub(crate) fn release_channel(ns_encoded: &str) -> String {

@@ -20,6 +20,11 @@ impl Drop for Subscription {
     }
 }
 
+/// How long a timed-out acquire is cancelled for in the background: a server
+/// frozen longer than this may still run the acquire when it thaws, and that
+/// lease then runs out by its TTL.
+pub(crate) const CANCEL_RETRY_FOR: Duration = Duration::from_secs(600);
+
 /// Timeouts of one node.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Timeouts {
@@ -98,9 +103,29 @@ impl Node {
     }
 
     pub(crate) fn map_err(&self, e: RedisError) -> LeaseError {
-        if e.is_io_error()
+        use redis::{ErrorKind, ServerErrorKind};
+        if e.is_timeout() {
+            return LeaseError::Timeout {
+                operation: "a Redis call",
+                after: self.timeouts.response,
+            };
+        }
+        // "Loading", "try again", "cluster down", "master down" and "read only"
+        // (a replica after failover) pass with time; NOPERM, WRONGTYPE, a bad
+        // password or a script error do not, and stay `Backend`.
+        let busy = matches!(
+            e.kind(),
+            ErrorKind::Server(
+                ServerErrorKind::BusyLoading
+                    | ServerErrorKind::TryAgain
+                    | ServerErrorKind::ClusterDown
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::ReadOnly
+            )
+        );
+        if busy
+            || e.is_io_error()
             || e.is_connection_refusal()
-            || e.is_timeout()
             || e.is_connection_dropped()
             || e.is_unrecoverable_error()
         {
@@ -132,10 +157,50 @@ impl Node {
         let limit = self.timeouts.connect + self.timeouts.response;
         match tokio::time::timeout(limit, invocation.invoke_async(&mut conn)).await {
             Ok(r) => r.map_err(|e| self.map_err(e)),
-            Err(_) => Err(LeaseError::Unavailable {
-                message: format!("Redis at {} did not answer within {limit:?}", self.display),
-                source: None,
-            }),
+            Err(_) => Err(LeaseError::timeout("a Redis script", limit)),
+        }
+    }
+
+    /// Cancels `owner`'s acquire of `lease_key` whose outcome is unknown: writes
+    /// its tombstone (so the acquire refuses if it runs later) and deletes the
+    /// lease if it already ran. Retried in the background until the server
+    /// answers or [`CANCEL_RETRY_FOR`] passed.
+    pub(crate) async fn cancel_until_done(
+        &self,
+        lease_key: &str,
+        owner_hex: &str,
+        ttl: Duration,
+        channel: &str,
+        key: &str,
+    ) {
+        let tombstone = crate::keys::cancel_key(lease_key, owner_hex);
+        // The tombstone only has to outlive the queued acquire it refuses,
+        // which runs as soon as the server does.
+        let keep = crate::single::millis(ttl.max(Duration::from_secs(60))).to_string();
+        let give_up = lease_api::deadline_in(CANCEL_RETRY_FOR);
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let keys = [lease_key, tombstone.as_str()];
+            let args = [owner_hex, keep.as_str(), channel, key];
+            match self
+                .eval::<i64>(&crate::scripts::CANCEL, &keys, &args)
+                .await
+            {
+                Ok(deleted) => {
+                    if deleted == 1 {
+                        tracing::info!(server = %self.display, key, "removed the lease of an acquire that had timed out");
+                    }
+                    return;
+                }
+                Err(e) if tokio::time::Instant::now() >= give_up => {
+                    tracing::warn!(server = %self.display, key, error = %e, "could not cancel a timed-out acquire; if it ran, its lease runs out by its TTL");
+                    return;
+                }
+                Err(_) => {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
         }
     }
 
@@ -145,10 +210,7 @@ impl Node {
         let limit = self.timeouts.connect + self.timeouts.response;
         match tokio::time::timeout(limit, cmd.query_async(&mut conn)).await {
             Ok(r) => r.map_err(|e| self.map_err(e)),
-            Err(_) => Err(LeaseError::Unavailable {
-                message: format!("Redis at {} did not answer within {limit:?}", self.display),
-                source: None,
-            }),
+            Err(_) => Err(LeaseError::timeout("a Redis command", limit)),
         }
     }
 

@@ -4,7 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures_util::StreamExt;
 use futures_util::future::join_all;
+use futures_util::stream::FuturesUnordered;
 use lease_api::{
     Capabilities, DEFAULT_NAMESPACE, ExpiryClock, FencingToken, KeyWatch, Lease, LeaseError,
     LeaseInfo, LeaseKey, LeaseProvider, OwnerId, Result, TokenDurability, TryAcquire,
@@ -13,7 +15,7 @@ use lease_api::{
 use redis::Value;
 use tokio::time::Instant;
 
-use crate::keys::{encode, redis_keys, release_channel};
+use crate::keys::{cancel_key, encode, redis_keys, release_channel};
 use crate::node::{Node, Timeouts};
 use crate::scripts::{ACQUIRE, EXTEND, INSPECT, RAISE, RELEASE};
 use crate::single::{
@@ -66,6 +68,7 @@ impl RedlockConfig {
 
 struct Inner {
     nodes: Vec<Node>,
+    response_timeout: Duration,
     quorum: usize,
     namespace: String,
     ns_encoded: String,
@@ -106,6 +109,14 @@ enum Reply {
     Down(LeaseError),
 }
 
+/// The outcome of a [`RedlockProvider::vote`].
+struct Vote {
+    yes: usize,
+    /// Which nodes answered (yes or no) before the vote closed.
+    answered: Vec<bool>,
+    errors: Vec<LeaseError>,
+}
+
 /// The outcome of one acquire round.
 enum Round {
     Won(Lease),
@@ -117,11 +128,17 @@ enum Round {
     /// on a minority.
     Split {
         remaining: Option<Duration>,
+        /// How long the round took, to spread retries over.
+        took: Duration,
     },
 }
 
 /// How often a split vote is retried inside one `try_acquire`.
 const SPLIT_RETRIES: u32 = 8;
+
+/// The shortest per-node timeout: below this, loopback scheduling noise alone
+/// would drop nodes from rounds.
+const MIN_NODE_TIMEOUT: Duration = Duration::from_millis(50);
 
 impl RedlockProvider {
     /// Sets up a provider; nodes are connected on first use.
@@ -152,12 +169,15 @@ impl RedlockProvider {
                  or stays down longer than the longest TTL"
                     .into(),
             ),
-            // A lease must outlive a round to every node plus the drift margin.
-            min_ttl: Duration::from_millis(100),
+            // A lease must outlive a round plus the drift margin; per-node
+            // timeouts are a tenth of the TTL but at least MIN_NODE_TIMEOUT,
+            // so below ten of those a single slow node eats the validity.
+            min_ttl: MIN_NODE_TIMEOUT * 10,
             ..base_capabilities("redlock", ExpiryClock::QuorumOfServers)
         };
         Ok(RedlockProvider {
             inner: Arc::new(Inner {
+                response_timeout: config.response_timeout,
                 quorum: nodes.len() / 2 + 1,
                 nodes,
                 channel: release_channel(&ns_encoded),
@@ -187,76 +207,193 @@ impl RedlockProvider {
         join_all(self.inner.nodes.iter().map(f)).await
     }
 
-    async fn release_everywhere(
+    /// Runs a yes/no script on every node in parallel, each bounded by
+    /// `limit`, and returns as soon as the outcome is decided: a majority said
+    /// yes, or too few nodes are left for one. A slow node does not hold the
+    /// caller up; its late answer changes nothing the caller relies on.
+    async fn vote<'a, F, Fut>(&'a self, limit: Duration, f: F) -> Vote
+    where
+        F: Fn(&'a Node) -> Fut,
+        Fut: std::future::Future<Output = Result<i64>>,
+    {
+        let quorum = self.inner.quorum;
+        let mut pending: FuturesUnordered<_> = self
+            .inner
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let call = f(n);
+                async move {
+                    let r = tokio::time::timeout(limit, call)
+                        .await
+                        .unwrap_or_else(|_| Err(LeaseError::timeout("a Redlock node", limit)));
+                    (i, r)
+                }
+            })
+            .collect();
+        let mut vote = Vote {
+            yes: 0,
+            answered: vec![false; self.inner.nodes.len()],
+            errors: Vec::new(),
+        };
+        while vote.yes < quorum && vote.yes + pending.len() >= quorum {
+            match pending.next().await {
+                Some((i, Ok(answer))) => {
+                    vote.answered[i] = true;
+                    if answer == 1 {
+                        vote.yes += 1;
+                    }
+                }
+                Some((_, Err(e))) => vote.errors.push(e),
+                None => break,
+            }
+        }
+        vote
+    }
+
+    /// Cancels `owner_hex`'s acquire on node `i` in the background (see
+    /// `Node::cancel_until_done`).
+    fn cancel_on(
         &self,
-        lease_key: &str,
-        owner: OwnerId,
+        i: usize,
+        lease_key: String,
+        owner_hex: String,
+        ttl: Duration,
         key: &LeaseKey,
-    ) -> Vec<Result<i64>> {
-        let owner = owner.to_hex();
-        let keys = [lease_key];
-        let args = [owner.as_str(), self.inner.channel.as_str(), key.as_str()];
-        self.round(|n| n.eval(&RELEASE, &keys, &args)).await
+    ) {
+        let inner = Arc::clone(&self.inner);
+        let key = key.as_str().to_owned();
+        tokio::spawn(async move {
+            inner.nodes[i]
+                .cancel_until_done(&lease_key, &owner_hex, ttl, &inner.channel, &key)
+                .await;
+        });
+    }
+
+    /// How long one node may take to answer an acquire: a small fraction of
+    /// the TTL, as the Redlock algorithm prescribes, so a slow or black-holed
+    /// node costs a round little of the lease's validity.
+    fn node_timeout(&self, ttl: Duration) -> Duration {
+        (ttl / 10).clamp(
+            MIN_NODE_TIMEOUT,
+            self.inner.response_timeout.max(MIN_NODE_TIMEOUT),
+        )
     }
 
     /// One round of Redlock's acquire on every node (plus the raise step when a
-    /// majority granted it).
+    /// majority granted it). The round closes as soon as a majority decided:
+    /// a slow or frozen node does not hold it up, and what it does later is
+    /// undone in the background.
     async fn acquire_round(&self, key: &LeaseKey, ttl: Duration) -> Result<Round> {
         let (lease_key, fence_key) = self.keys(key);
         let owner = OwnerId::random();
         let owner_hex = owner.to_hex();
-        let ttl_ms = millis(ttl).to_string();
-        let keys = [lease_key.as_str(), fence_key.as_str()];
-        let args = [owner_hex.as_str(), ttl_ms.as_str()];
+        let cancel = cancel_key(&lease_key, &owner_hex);
+        let n = self.inner.nodes.len();
+        let quorum = self.inner.quorum;
+        let limit = self.node_timeout(ttl);
         let sent_at = Instant::now();
-        let replies: Vec<Reply> = self
-            .round(|n| n.eval::<(i64, i64, String)>(&ACQUIRE, &keys, &args))
-            .await
-            .into_iter()
-            .map(|r| match r {
-                Ok((1, token, _)) => Reply::Yes(u64::try_from(token).unwrap_or(0)),
-                Ok((_, pttl, holder)) => Reply::No(pttl, holder),
-                Err(e) => Reply::Down(e),
-            })
-            .collect();
+        let (tx, mut rx) = tokio::sync::mpsc::channel(n);
+        for i in 0..n {
+            let (inner, tx) = (Arc::clone(&self.inner), tx.clone());
+            let keys = [lease_key.clone(), fence_key.clone(), cancel.clone()];
+            let args = [owner_hex.clone(), millis(ttl).to_string()];
+            tokio::spawn(async move {
+                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                let call = inner.nodes[i].eval::<(i64, i64, String)>(&ACQUIRE, &keys, &args);
+                let reply = match tokio::time::timeout(limit, call).await {
+                    Ok(Ok((1, token, _))) => Reply::Yes(u64::try_from(token).unwrap_or(0)),
+                    Ok(Ok((_, pttl, holder))) => Reply::No(pttl, holder),
+                    Ok(Err(e)) => Reply::Down(e),
+                    Err(_) => Reply::Down(LeaseError::timeout("a Redlock node's acquire", limit)),
+                };
+                let _ = tx.send((i, reply)).await;
+            });
+        }
+        drop(tx);
+        let mut replies: Vec<Option<Reply>> = (0..n).map(|_| None).collect();
+        let (mut yes, mut refused) = (0, 0);
+        while yes < quorum && refused <= n - quorum {
+            let Some((i, reply)) = rx.recv().await else {
+                break;
+            };
+            match reply {
+                Reply::Yes(_) => yes += 1,
+                _ => refused += 1,
+            }
+            replies[i] = Some(reply);
+        }
         let won: Vec<(usize, u64)> = replies
             .iter()
             .enumerate()
             .filter_map(|(i, r)| match r {
-                Reply::Yes(t) => Some((i, *t)),
+                Some(Reply::Yes(t)) => Some((i, *t)),
                 _ => None,
             })
             .collect();
         let lease = Lease::new(key.clone(), FencingToken(0), owner, ttl, sent_at);
-        if won.len() >= self.inner.quorum && Instant::now() < lease.valid_until() {
+        if won.len() >= quorum && Instant::now() < lease.valid_until() {
             // Step two: the token is the highest counter of the majority, and
             // every node of that majority raises its counter to it while we
             // hold the lease there, so any later majority (which shares a node
             // with this one) issues a larger token.
             let token = won.iter().map(|(_, t)| *t).max().unwrap_or(0);
             let token_arg = token.to_string();
+            let keys = [lease_key.as_str(), fence_key.as_str()];
             let raise_args = [owner_hex.as_str(), token_arg.as_str()];
-            let raised = join_all(
-                won.iter()
-                    .map(|(i, _)| self.inner.nodes[*i].eval::<i64>(&RAISE, &keys, &raise_args)),
-            )
+            let raised = join_all(won.iter().map(|(i, _)| {
+                tokio::time::timeout(
+                    limit,
+                    self.inner.nodes[*i].eval::<i64>(&RAISE, &keys, &raise_args),
+                )
+            }))
             .await
             .into_iter()
-            .filter(|r| matches!(r, Ok(1)))
+            .filter(|r| matches!(r, Ok(Ok(1))))
             .count();
             let lease = Lease::new(key.clone(), FencingToken(token), owner, ttl, sent_at);
-            if raised >= self.inner.quorum && Instant::now() < lease.valid_until() {
+            if raised >= quorum && Instant::now() < lease.valid_until() {
                 return Ok(Round::Won(lease));
             }
         }
-        // Lost the race, or too slow: undo wherever we got it.
-        if !won.is_empty() {
-            let _ = self.release_everywhere(&lease_key, owner, key).await;
+        // Lost the race, or too slow: undo everywhere but where a node said
+        // no. Nodes that have not answered may still grant (a frozen node runs
+        // its queue when it thaws), so each gets a cancel that also refuses a
+        // late acquire; in the background, so the caller does not wait for them.
+        let release_args = [
+            owner_hex.as_str(),
+            self.inner.channel.as_str(),
+            key.as_str(),
+        ];
+        let release_keys = [lease_key.as_str()];
+        let mut undo = Vec::new();
+        for (i, r) in replies.iter().enumerate() {
+            match r {
+                Some(Reply::No(..)) => {}
+                // It answered: release there now, and cancel in the background
+                // only if that fails.
+                Some(Reply::Yes(_)) => undo.push(async move {
+                    let released = tokio::time::timeout(
+                        limit,
+                        self.inner.nodes[i].eval::<i64>(&RELEASE, &release_keys, &release_args),
+                    )
+                    .await;
+                    (i, matches!(released, Ok(Ok(_))))
+                }),
+                _ => self.cancel_on(i, lease_key.clone(), owner_hex.clone(), ttl, key),
+            }
+        }
+        for (i, released) in join_all(undo).await {
+            if !released {
+                self.cancel_on(i, lease_key.clone(), owner_hex.clone(), ttl, key);
+            }
         }
         let mut down = Vec::new();
         let mut remaining: Option<Duration> = None;
         let mut holders: Vec<String> = Vec::new();
-        for r in replies {
+        for r in replies.into_iter().flatten() {
             match r {
                 Reply::Down(e) => down.push(e),
                 Reply::No(pttl, holder) => {
@@ -269,16 +406,19 @@ impl RedlockProvider {
                 Reply::Yes(_) => {}
             }
         }
-        if down.len() > self.inner.nodes.len() - self.inner.quorum {
+        if down.len() > n - quorum {
             return Err(self.unavailable(down));
         }
         let someone_has_majority = holders
             .iter()
-            .any(|h| holders.iter().filter(|o| *o == h).count() >= self.inner.quorum);
+            .any(|h| holders.iter().filter(|o| *o == h).count() >= quorum);
         if someone_has_majority {
             Ok(Round::Held { remaining })
         } else {
-            Ok(Round::Split { remaining })
+            Ok(Round::Split {
+                remaining,
+                took: sent_at.elapsed(),
+            })
         }
     }
 
@@ -292,18 +432,6 @@ impl RedlockProvider {
             ),
             source: first.map(|e| Box::new(e) as _),
         }
-    }
-
-    fn classify(results: Vec<Result<i64>>) -> (usize, usize, Vec<LeaseError>) {
-        let (mut yes, mut no, mut errors) = (0, 0, Vec::new());
-        for r in results {
-            match r {
-                Ok(1) => yes += 1,
-                Ok(_) => no += 1,
-                Err(e) => errors.push(e),
-            }
-        }
-        (yes, no, errors)
     }
 }
 
@@ -327,13 +455,26 @@ impl LeaseProvider for RedlockProvider {
                 // Contenders split the nodes so that nobody has a majority; the
                 // key is not held by anyone. Back off by a random amount and
                 // try again, so one of them gets ahead, as Redlock prescribes.
-                Round::Split { .. } if attempt < SPLIT_RETRIES && started.elapsed() < ttl / 2 => {
+                // Spread retries over a few round times (not a fixed few ms),
+                // so contenders woken by the same release fall out of step.
+                Round::Split { took, .. }
+                    if attempt < SPLIT_RETRIES && started.elapsed() < ttl / 2 =>
+                {
                     attempt += 1;
-                    let cap = 2u64 << attempt.min(5);
-                    let jitter = rand::random_range(1..=cap);
-                    tokio::time::sleep(Duration::from_millis(jitter)).await;
+                    let spread = took.max(Duration::from_millis(2)) * (2 + attempt.min(6));
+                    let jitter = rand::random_range(
+                        0..=u64::try_from(spread.as_micros()).unwrap_or(u64::MAX),
+                    );
+                    tokio::time::sleep(Duration::from_micros(jitter)).await;
                 }
-                Round::Split { remaining } | Round::Held { remaining } => {
+                // Still split: nobody holds a majority. The key is not held, but
+                // it cannot be taken now either; a waiter retries after a round time.
+                Round::Split { remaining, took } => {
+                    return Ok(TryAcquire::Held {
+                        remaining: Some(remaining.unwrap_or(took).min(took * 4)),
+                    });
+                }
+                Round::Held { remaining } => {
                     return Ok(TryAcquire::Held { remaining });
                 }
             }
@@ -348,8 +489,10 @@ impl LeaseProvider for RedlockProvider {
         let keys = [lease_key.as_str()];
         let args = [owner_hex.as_str(), ttl_ms.as_str()];
         let sent_at = Instant::now();
-        let results = self.round(|n| n.eval::<i64>(&EXTEND, &keys, &args)).await;
-        let (yes, _no, errors) = Self::classify(results);
+        let limit = self.node_timeout(ttl);
+        let Vote { yes, errors, .. } = self
+            .vote(limit, |n| n.eval::<i64>(&EXTEND, &keys, &args))
+            .await;
         let renewed = Lease::new(
             lease.key().clone(),
             lease.token(),
@@ -372,10 +515,32 @@ impl LeaseProvider for RedlockProvider {
 
     async fn release(&self, lease: &Lease) -> Result<()> {
         let (lease_key, _) = self.keys(lease.key());
-        let results = self
-            .release_everywhere(&lease_key, lease.owner(), lease.key())
+        let owner = lease.owner().to_hex();
+        let keys = [lease_key.as_str()];
+        let args = [
+            owner.as_str(),
+            self.inner.channel.as_str(),
+            lease.key().as_str(),
+        ];
+        let limit = self.node_timeout(lease.ttl());
+        let Vote {
+            yes,
+            answered,
+            errors,
+        } = self
+            .vote(limit, |n| n.eval::<i64>(&RELEASE, &keys, &args))
             .await;
-        let (yes, _no, errors) = Self::classify(results);
+        // A node that did not answer may hold our lease later (an acquire
+        // queued in a frozen node): cancel there in the background.
+        for (i, _) in answered.iter().enumerate().filter(|(_, a)| !**a) {
+            self.cancel_on(
+                i,
+                lease_key.clone(),
+                owner.clone(),
+                lease.ttl(),
+                lease.key(),
+            );
+        }
         if yes >= self.inner.quorum {
             return Ok(());
         }

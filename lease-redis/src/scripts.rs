@@ -7,11 +7,15 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// KEYS: lease, fence. ARGV: owner, ttl ms.
-/// Returns {1, token, ''} when acquired, {0, pttl, holder value} when held.
+/// KEYS: lease, fence, cancel tombstone of this owner. ARGV: owner, ttl ms.
+/// Returns {1, token, ''} when acquired, {0, pttl, holder value} when held,
+/// {0, -3, ''} when this owner's acquire was cancelled (see [`CANCEL`]).
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  return {0, -3, ''}
+end
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl ~= -2 then
   return {0, pttl, redis.call('GET', KEYS[1]) or ''}
@@ -38,13 +42,35 @@ return 0
 });
 
 /// KEYS: lease. ARGV: owner, channel, key. Deletes and announces; 1 if released.
+/// The announcement cannot fail the release (a user without channel
+/// permissions): waiters then wake by the TTL fallback.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local v = redis.call('GET', KEYS[1])
 if v and string.sub(v, 1, 33) == ARGV[1] .. ':' then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], ARGV[3])
+  pcall(redis.call, 'PUBLISH', ARGV[2], ARGV[3])
+  return 1
+end
+return 0
+",
+    )
+});
+
+/// Cancels one owner's acquire whose outcome is unknown (it timed out, maybe
+/// queued in a frozen server). KEYS: lease, cancel tombstone. ARGV: owner,
+/// tombstone ms, channel, key. Writes the tombstone, so the acquire refuses if
+/// it runs later, and deletes the lease if it already ran. Either order leaves
+/// no lease behind. Returns 1 if a lease was deleted.
+pub(crate) static CANCEL: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
+local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, 33) == ARGV[1] .. ':' then
+  redis.call('DEL', KEYS[1])
+  pcall(redis.call, 'PUBLISH', ARGV[3], ARGV[4])
   return 1
 end
 return 0

@@ -12,7 +12,7 @@ use lease_api::{
 use redis::Value;
 use tokio::time::Instant;
 
-use crate::keys::{encode, redis_keys, release_channel};
+use crate::keys::{cancel_key, encode, redis_keys, release_channel};
 use crate::node::{Node, Timeouts};
 use crate::scripts::{ACQUIRE, EXTEND, INSPECT, RELEASE};
 
@@ -33,6 +33,11 @@ pub struct RedisConfig {
     pub connect_timeout: Duration,
     /// How long to wait for an answer.
     pub response_timeout: Duration,
+    /// Accept a server whose `maxmemory-policy` may evict keys. By default
+    /// such a server is refused: eviction can drop a live lease (two holders)
+    /// or a fence counter (tokens go back). With this set, the provider works
+    /// and declares tokens volatile.
+    pub allow_eviction: bool,
 }
 
 impl RedisConfig {
@@ -43,6 +48,7 @@ impl RedisConfig {
             namespace: DEFAULT_NAMESPACE.into(),
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
+            allow_eviction: false,
         }
     }
 
@@ -57,6 +63,24 @@ impl RedisConfig {
         self.connect_timeout = connect;
         self.response_timeout = response;
         self
+    }
+
+    /// Accepts (or refuses, the default) a server that may evict keys; see
+    /// [`RedisConfig::allow_eviction`].
+    pub fn allow_eviction(mut self, allow: bool) -> Self {
+        self.allow_eviction = allow;
+        self
+    }
+}
+
+/// The server's `maxmemory-policy`: `Ok(None)` when `CONFIG GET` is not allowed.
+pub(crate) async fn eviction_policy(node: &Node) -> Result<Option<String>> {
+    let mut cmd = redis::cmd("CONFIG");
+    cmd.arg("GET").arg("maxmemory-policy");
+    match node.query::<Vec<String>>(&cmd).await {
+        Ok(v) => Ok(v.get(1).cloned()),
+        Err(e) if e.is_transient() => Err(e),
+        Err(_) => Ok(None),
     }
 }
 
@@ -87,6 +111,15 @@ pub(crate) async fn probe_durability(node: &Node) -> TokenDurability {
         cmd.arg("GET").arg(name);
         cmd
     };
+    if let Ok(Some(policy)) = eviction_policy(node).await
+        && policy != "noeviction"
+    {
+        return TokenDurability::Volatile(format!(
+            "{}: maxmemory-policy {policy} may evict keys under memory pressure: fence counters (tokens go back) \
+             and, with volatile-* and allkeys-* policies, live leases (two holders); set noeviction",
+            node.display
+        ));
+    }
     let aof: Result<Vec<String>> = node.query(&get("appendonly")).await;
     let fsync: Result<Vec<String>> = node.query(&get("appendfsync")).await;
     match (aof, fsync) {
@@ -117,6 +150,9 @@ pub(crate) async fn probe_durability(node: &Node) -> TokenDurability {
 
 struct Inner {
     node: Node,
+    allow_eviction: bool,
+    /// The eviction check, made once before the first acquire.
+    eviction_checked: tokio::sync::OnceCell<()>,
     namespace: String,
     ns_encoded: String,
     channel: String,
@@ -163,6 +199,8 @@ impl RedisProvider {
         Ok(RedisProvider {
             inner: Arc::new(Inner {
                 node,
+                allow_eviction: config.allow_eviction,
+                eviction_checked: tokio::sync::OnceCell::new(),
                 channel: release_channel(&ns_encoded),
                 ns_encoded,
                 namespace: config.namespace,
@@ -206,6 +244,53 @@ impl RedisProvider {
     fn keys(&self, key: &LeaseKey) -> (String, String) {
         redis_keys(&self.inner.ns_encoded, key.as_str())
     }
+
+    /// Refuses a server that may evict keys, unless allowed: checked once,
+    /// before the first acquire (one extra round trip per provider).
+    async fn check_eviction(&self) -> Result<()> {
+        self.inner
+            .eviction_checked
+            .get_or_try_init(|| async {
+                let node = &self.inner.node;
+                match eviction_policy(node).await? {
+                    Some(p) if p == "noeviction" => Ok(()),
+                    Some(p) if self.inner.allow_eviction => {
+                        tracing::warn!(server = %node.display, policy = %p, "Redis may evict keys (allowed by configuration): leases and fence counters are not safe under memory pressure");
+                        Ok(())
+                    }
+                    Some(p) => Err(LeaseError::Config(format!(
+                        "Redis at {} has maxmemory-policy {p}: it may evict live leases (two holders) and fence counters \
+                         (tokens go back). Set maxmemory-policy noeviction, or accept it with allow_eviction",
+                        node.display
+                    ))),
+                    None => {
+                        tracing::warn!(server = %node.display, "cannot read maxmemory-policy (CONFIG GET refused); make sure it is noeviction");
+                        Ok(())
+                    }
+                }
+            })
+            .await
+            .map(|_| ())
+    }
+
+    /// After an acquire whose outcome is unknown (it timed out, maybe queued
+    /// in a stalled server), make sure it leaves no lease behind.
+    fn cancel_in_background(
+        &self,
+        lease_key: String,
+        owner: OwnerId,
+        ttl: Duration,
+        key: &LeaseKey,
+    ) {
+        let this = self.clone();
+        let key = key.as_str().to_owned();
+        tokio::spawn(async move {
+            this.inner
+                .node
+                .cancel_until_done(&lease_key, &owner.to_hex(), ttl, &this.inner.channel, &key)
+                .await;
+        });
+    }
 }
 
 pub(crate) fn millis(ttl: Duration) -> u64 {
@@ -233,19 +318,33 @@ impl LeaseProvider for RedisProvider {
 
     async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
         let ttl = self.capabilities().grant_ttl(ttl)?;
+        self.check_eviction().await?;
         self.start_probe();
         let (lease_key, fence_key) = self.keys(key);
         let owner = OwnerId::random();
+        let owner_hex = owner.to_hex();
+        let cancel_key = cancel_key(&lease_key, &owner_hex);
         let sent_at = Instant::now();
-        let (won, n, _holder): (i64, i64, String) = self
+        let (won, n, _holder): (i64, i64, String) = match self
             .inner
             .node
             .eval(
                 &ACQUIRE,
-                &[&lease_key, &fence_key],
-                &[&owner.to_hex(), &millis(ttl).to_string()],
+                &[&lease_key, &fence_key, &cancel_key],
+                &[&owner_hex, &millis(ttl).to_string()],
             )
-            .await?;
+            .await
+        {
+            Ok(v) => v,
+            Err(e) => {
+                // The script may still run (a frozen server runs what queued up
+                // when it thaws): cancel it so no lease nobody knows of is left.
+                if matches!(e, LeaseError::Timeout { .. }) {
+                    self.cancel_in_background(lease_key, owner, ttl, key);
+                }
+                return Err(e);
+            }
+        };
         if won == 1 {
             let token = u64::try_from(n)
                 .map_err(|_| LeaseError::protocol(format!("negative token {n}")))?;

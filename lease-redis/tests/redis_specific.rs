@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use lease_api::{LeaseError, LeaseKey, LeaseProvider, TokenDurability, TryAcquire, acquire};
 use lease_redis::{RedisConfig, RedisProvider, RedlockConfig, RedlockProvider};
-use lease_testkit::{OwnedProcess, owned_redis, store_url};
+use lease_testkit::{OwnedProcess, owned_redis, owned_redis_with, store_url};
 use lease_testkit::{unique, until_ok};
 
 const TTL: Duration = Duration::from_secs(30);
@@ -268,4 +268,212 @@ async fn redlock_needs_three_nodes_and_valid_urls() {
     let err =
         RedisProvider::new(RedisConfig::new("redis://127.0.0.1:1").namespace("")).unwrap_err();
     assert!(matches!(err, LeaseError::Config(_)));
+}
+
+/// A server that may evict keys would drop live leases (two holders) or fence
+/// counters (tokens go back): refused unless allowed, and then declared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicting_server_is_refused_unless_allowed_and_then_declared_volatile() {
+    for policy in ["allkeys-lru", "volatile-lru"] {
+        let server = owned_redis_with(true, &["--maxmemory", "2mb", "--maxmemory-policy", policy]);
+        let k = key("eviction");
+        let p = provider(&server);
+        let err = p.try_acquire(&k, TTL).await.unwrap_err();
+        assert!(matches!(err, LeaseError::Config(_)), "{policy}: {err:?}");
+        assert!(!err.is_transient(), "{policy}: a retry cannot fix it");
+        assert!(err.to_string().contains(policy), "{err}");
+        // acquire fails at once instead of retrying for its whole wait.
+        let started = Instant::now();
+        let p: Arc<dyn LeaseProvider> = Arc::new(provider(&server));
+        assert!(acquire(&p, &k, TTL, Duration::from_secs(10)).await.is_err());
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+
+        let allowed = RedisProvider::new(
+            RedisConfig::new(url(&server))
+                .timeouts(TIMEOUT, TIMEOUT)
+                .allow_eviction(true),
+        )
+        .unwrap();
+        let lease = allowed
+            .try_acquire(&k, TTL)
+            .await
+            .unwrap()
+            .into_lease()
+            .expect("allowed");
+        let caps = allowed.probe().await.unwrap();
+        assert!(
+            matches!(&caps.durable_tokens, TokenDurability::Volatile(why) if why.contains(policy)),
+            "{policy}: {:?}",
+            caps.durable_tokens
+        );
+        allowed.release(&lease).await.unwrap();
+    }
+}
+
+/// A Redis 7 ACL user without channel permissions: watching fails, so a waiter
+/// falls back to the TTL, and the release script's PUBLISH cannot fail the
+/// release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_channel_permissions_acquires_waits_and_releases() {
+    let server = owned_redis(false);
+    let admin = redis::Client::open(url(&server)).unwrap();
+    let mut conn = admin.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "nochan",
+            "on",
+            ">secret",
+            "~*",
+            "+@all",
+            "resetchannels",
+        ])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let limited = RedisProvider::new(
+        RedisConfig::new(format!("redis://nochan:secret@127.0.0.1:{}", server.port()))
+            .timeouts(TIMEOUT, TIMEOUT),
+    )
+    .unwrap();
+    assert!(
+        limited.watch(&key("probe")).await.is_err(),
+        "the user really lacks channel permissions"
+    );
+    let limited: Arc<dyn LeaseProvider> = Arc::new(limited);
+    let k = key("no-channels");
+    let started = Instant::now();
+    let lease = acquire(&limited, &k, TTL, Duration::from_secs(2))
+        .await
+        .unwrap()
+        .expect("a free key, though watching fails");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    limited
+        .release(&lease)
+        .await
+        .expect("PUBLISH refused must not fail the release");
+    assert!(limited.inspect(&k).await.unwrap().is_none(), "released");
+    // Waiting on a held key falls back to the holder's TTL.
+    let short = Duration::from_millis(600);
+    let held = limited
+        .try_acquire(&k, short)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    let next = acquire(&limited, &k, TTL, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("acquired when the holder's TTL ran out");
+    assert!(next.token() > held.token());
+}
+
+/// Redis frozen (SIGSTOP) mid-acquire: the call times out, and when the server
+/// thaws and runs the queued script, no lease of an owner nobody has is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_acquire_on_a_frozen_server_leaves_no_lease() {
+    let server = owned_redis(false);
+    let p = provider(&server);
+    let k = key("frozen");
+    // Connected, and the acquire script cached (EVALSHA would otherwise come
+    // back NOSCRIPT after the thaw and never run).
+    let warm = p
+        .try_acquire(&key("warm"), TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    p.release(&warm).await.unwrap();
+    server.freeze();
+    let started = Instant::now();
+    let err = p
+        .try_acquire(&k, Duration::from_secs(60))
+        .await
+        .unwrap_err();
+    assert!(err.is_transient(), "{err:?}");
+    eprintln!("frozen acquire failed after {:?}: {err}", started.elapsed());
+    server.thaw();
+    // The queued acquire has run by the time the server answers anything; the
+    // cancel follows within its retry backoff.
+    let checker = provider(&server);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let held = until_ok(|| checker.inspect(&k)).await;
+        if held.is_none() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a ghost lease from the timed-out acquire is still held: {held:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // And stays gone: the queued acquire cannot come back later.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(checker.inspect(&k).await.unwrap().is_none());
+    let lease = checker
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .expect("free");
+    checker.release(&lease).await.unwrap();
+}
+
+/// One Redlock node frozen (accepts connections, never answers): rounds close
+/// once a majority decided, so a short TTL is still acquired and released
+/// promptly, and the frozen node keeps no lease after it thaws.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_with_a_frozen_node_closes_rounds_at_a_majority() {
+    let (a, b, c) = (owned_redis(false), owned_redis(false), owned_redis(false));
+    let rl = RedlockProvider::new(RedlockConfig::new([url(&a), url(&b), url(&c)])).unwrap();
+    let k = key("frozen-node");
+    // Connect everywhere and cache the scripts first, so requests queue in the
+    // frozen server and run when it thaws.
+    let warm = rl
+        .try_acquire(&key("warm"), TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    rl.release(&warm).await.unwrap();
+    c.freeze();
+    let ttl = Duration::from_secs(1);
+    for _ in 0..3 {
+        let started = Instant::now();
+        let lease = rl
+            .try_acquire(&k, ttl)
+            .await
+            .unwrap()
+            .into_lease()
+            .expect("two healthy nodes of three suffice");
+        let took = started.elapsed();
+        assert!(took < ttl / 2, "acquire took {took:?} with one frozen node");
+        let started = Instant::now();
+        rl.release(&lease).await.unwrap();
+        assert!(
+            started.elapsed() < ttl / 2,
+            "release took {:?}",
+            started.elapsed()
+        );
+    }
+    c.thaw();
+    // The thawed node ran the queued acquires and then their cancels.
+    let on_c = provider(&c);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while until_ok(|| on_c.inspect(&k)).await.is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the thawed node still holds a released owner's lease"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -199,6 +199,26 @@ impl OwnedProcess {
         self.signal("KILL");
     }
 
+    /// Freezes the process (SIGSTOP): connections stay open and requests queue
+    /// up unanswered, the way a store stalled by a long pause looks.
+    pub fn freeze(&self) {
+        self.send("STOP");
+    }
+
+    /// Thaws a frozen process (SIGCONT): it runs whatever queued up meanwhile.
+    pub fn thaw(&self) {
+        self.send("CONT");
+    }
+
+    fn send(&self, sig: &str) {
+        if let Some(child) = self.child.as_ref() {
+            let _ = Command::new("kill")
+                .arg(format!("-{sig}"))
+                .arg(child.id().to_string())
+                .status();
+        }
+    }
+
     fn signal(&mut self, sig: &str) {
         if let Some(mut child) = self.child.take() {
             let _ = Command::new("kill")
@@ -229,6 +249,12 @@ impl Drop for OwnedProcess {
 /// A private `redis-server` on a free port. `durable` turns on AOF with
 /// `appendfsync always`; otherwise persistence is off.
 pub fn owned_redis(durable: bool) -> OwnedProcess {
+    owned_redis_with(durable, &[])
+}
+
+/// Like [`owned_redis`], with extra `redis-server` arguments (for example
+/// `["--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lru"]`).
+pub fn owned_redis_with(durable: bool, extra: &[&str]) -> OwnedProcess {
     let port = free_port();
     let dir = TempDir::new("lease-redis");
     let mut args: Vec<String> = [
@@ -249,6 +275,7 @@ pub fn owned_redis(durable: bool) -> OwnedProcess {
     } else {
         args.extend(["--appendonly", "no"].map(String::from));
     }
+    args.extend(extra.iter().map(|a| a.to_string()));
     OwnedProcess::start("redis-server", "redis-server", args, port, dir)
 }
 
