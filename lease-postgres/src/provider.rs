@@ -135,8 +135,13 @@ fn is_unavailable(e: &sqlx::Error) -> bool {
             | sqlx::Error::Tls(_)
             | sqlx::Error::Protocol(_)
     ) || matches!(e, sqlx::Error::Database(d) if d.code().is_some_and(|c| {
-        // 57P01..57P03: admin shutdown, crash shutdown, cannot connect now; 08xxx: connection exceptions.
-        c.starts_with("57P") || c.starts_with("08")
+        // 57P01..57P03: admin shutdown, crash shutdown, cannot connect now; 08xxx:
+        // connection exceptions; 53300 too many connections; 40001/40P01
+        // serialization failure and deadlock; 55P03 lock not available. The rest
+        // (42xxx undefined table or permission, 28xxx authentication) is permanent.
+        c.starts_with("57P")
+            || c.starts_with("08")
+            || matches!(c.as_ref(), "53300" | "40001" | "40P01" | "55P03")
     }))
 }
 
@@ -251,13 +256,7 @@ impl PostgresProvider {
     ) -> Result<T> {
         match tokio::time::timeout(self.inner.response_timeout, f).await {
             Ok(r) => r.map_err(|e| self.map_err(e)),
-            Err(_) => Err(LeaseError::Unavailable {
-                message: format!(
-                    "PostgreSQL at {} did not answer {what} within {:?}",
-                    self.inner.display, self.inner.response_timeout
-                ),
-                source: None,
-            }),
+            Err(_) => Err(LeaseError::timeout(what, self.inner.response_timeout)),
         }
     }
 
@@ -396,26 +395,56 @@ impl PostgresProvider {
             return Ok(());
         }
         let channel = self.inner.sql.channel.clone();
-        let pool = self.pool()?;
-        let mut listener = self
-            .bounded("LISTEN", async {
-                let mut l = PgListener::connect_with(pool).await?;
+        let pool = self.pool()?.clone();
+        let limit = self.inner.response_timeout;
+        let connect = move |pool: PgPool, channel: String| async move {
+            match tokio::time::timeout(limit, async {
+                let mut l = PgListener::connect_with(&pool).await?;
                 l.listen(&channel).await?;
-                Ok(l)
+                Ok::<_, sqlx::Error>(l)
             })
-            .await?;
+            .await
+            {
+                Ok(r) => r.map_err(|e| e.to_string()),
+                Err(_) => Err(format!("no answer within {limit:?}")),
+            }
+        };
+        let first =
+            connect(pool.clone(), channel.clone())
+                .await
+                .map_err(|e| LeaseError::Unavailable {
+                    message: format!("LISTEN at PostgreSQL {} failed: {e}", self.inner.display),
+                    source: None,
+                })?;
         let hub = Arc::clone(&self.inner.hub);
         let task = tokio::spawn(async move {
+            let mut listener = Some(first);
+            let mut backoff = Duration::from_millis(50);
             loop {
-                match listener.try_recv().await {
+                let Some(l) = listener.as_mut() else {
+                    match connect(pool.clone(), channel.clone()).await {
+                        Ok(l) => {
+                            listener = Some(l);
+                            backoff = Duration::from_millis(50);
+                            // Releases while no LISTEN was active were not
+                            // announced to us: every waiter looks again now.
+                            hub.wake_all();
+                        }
+                        Err(e) => {
+                            tracing::debug!(error = %e, "re-LISTEN failed; retrying");
+                            tokio::time::sleep(backoff).await;
+                            backoff = (backoff * 2).min(Duration::from_secs(1));
+                        }
+                    }
+                    continue;
+                };
+                match l.try_recv().await {
                     Ok(Some(n)) => hub.wake(n.payload()),
-                    // The connection dropped; sqlx reconnects and re-listens on
-                    // the next call. Releases in between may be lost: wake all.
-                    Ok(None) => hub.wake_all(),
-                    Err(e) => {
-                        tracing::debug!(error = %e, "LISTEN connection failed; retrying");
+                    // The connection broke. Reconnect ourselves (not inside
+                    // sqlx), so the wake-up comes after LISTEN is active again.
+                    Ok(None) | Err(_) => {
+                        listener = None;
                         hub.wake_all();
-                        tokio::time::sleep(Duration::from_millis(500)).await;
                     }
                 }
             }

@@ -86,11 +86,65 @@ async fn waiter_recovers_when_the_listener_connection_breaks() {
     server.stop();
     server.start_again();
     until_ok(|| p.release(&holder)).await;
+    let released = Instant::now();
     let got = waiter
         .await
         .unwrap()
         .unwrap()
         .expect("the waiter got the key after the restart");
+    // Woken by the notification or by the wake after re-LISTEN, not by the
+    // holder's TTL (30 s): a release in the reconnect gap is not missed.
+    let took = released.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "the waiter took {took:?} after the release"
+    );
+    assert!(got.token() > holder.token());
+}
+
+/// The LISTEN connection is killed (`pg_terminate_backend`) while a waiter
+/// waits, and the holder releases at once, while LISTEN may still be
+/// reconnecting: the waiter gets the key within a bound far below the TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_gets_the_key_promptly_when_the_listen_connection_is_killed() {
+    let server = owned_postgres();
+    let config = || PostgresConfig::new(url(&server)).timeouts(TIMEOUT, TIMEOUT);
+    let holder_p = PostgresProvider::new(config()).unwrap();
+    let waiter_p = Arc::new(PostgresProvider::new(config()).unwrap());
+    let k = LeaseKey::new("listen-kill").unwrap();
+    let holder = holder_p
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    let (w, k2) = (Arc::clone(&waiter_p), k.clone());
+    let waiter = tokio::spawn(async move { acquire(&w, &k2, TTL, TTL).await });
+    let admin_url = format!("postgres://postgres@127.0.0.1:{}/template1", server.port());
+    let admin = sqlx::PgPool::connect(&admin_url).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let killed: i64 = sqlx::query_scalar(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE datname = 'postgres' AND query LIKE 'LISTEN%'",
+        )
+        .fetch_one(&admin)
+        .await
+        .unwrap();
+        if killed > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no LISTEN connection showed up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    holder_p.release(&holder).await.unwrap();
+    let released = Instant::now();
+    let got = waiter.await.unwrap().unwrap().expect("acquired");
+    let took = released.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "the waiter took {took:?} after the release (TTL {TTL:?})"
+    );
     assert!(got.token() > holder.token());
 }
 
