@@ -467,11 +467,12 @@ impl LeaseProvider for RedlockProvider {
                     );
                     tokio::time::sleep(Duration::from_micros(jitter)).await;
                 }
-                // Still split: nobody holds a majority. The key is not held, but
-                // it cannot be taken now either; a waiter retries after a round time.
+                // Still split: nobody holds a majority. Leases on a minority end
+                // by their TTL (remaining), a contender's by its release (which
+                // wakes waiters); with neither, retry after a few round times.
                 Round::Split { remaining, took } => {
                     return Ok(TryAcquire::Held {
-                        remaining: Some(remaining.unwrap_or(took).min(took * 4)),
+                        remaining: Some(remaining.unwrap_or(took * 4)),
                     });
                 }
                 Round::Held { remaining } => {
