@@ -149,11 +149,60 @@ async fn waiter_recovers_when_the_subscription_breaks() {
     server.stop();
     server.start_again();
     until_ok(|| p.release(&holder)).await;
+    let released = Instant::now();
     let got = waiter
         .await
         .unwrap()
         .unwrap()
         .expect("the waiter got the key after the restart");
+    let took = released.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "the waiter took {took:?} after the release (TTL {TTL:?})"
+    );
+    assert!(got.token() > holder.token());
+}
+
+/// The subscriber connection is killed (`CLIENT KILL TYPE pubsub`) while a
+/// waiter waits: it re-subscribes before it looks again, and gets the key
+/// within a bound far below the TTL once it is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_gets_the_key_promptly_when_the_subscriber_is_killed() {
+    let server = owned_redis(false);
+    let holder_p = provider(&server);
+    let waiter_p = Arc::new(provider(&server));
+    let k = key("pubsub-kill");
+    let holder = holder_p
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    let (w, k2) = (Arc::clone(&waiter_p), k.clone());
+    let waiter = tokio::spawn(async move { acquire(&w, &k2, TTL, TTL).await });
+    let admin = redis::Client::open(url(&server)).unwrap();
+    let mut conn = admin.get_multiplexed_async_connection().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let killed: i64 = redis::cmd("CLIENT")
+            .arg(&["KILL", "TYPE", "pubsub"])
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if killed > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the waiter never subscribed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    holder_p.release(&holder).await.unwrap();
+    let released = Instant::now();
+    let got = waiter.await.unwrap().unwrap().expect("acquired");
+    let took = released.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "the waiter took {took:?} after the release (TTL {TTL:?})"
+    );
     assert!(got.token() > holder.token());
 }
 
