@@ -73,6 +73,6 @@ pub use key::{LeaseKey, MAX_KEY_BYTES, validate_namespace};
 pub use lease::{FencingToken, Lease, LeaseInfo, OwnerId, TryAcquire, drift_margin};
 pub use memory::{DEFAULT_NAMESPACE, MemoryProvider, MemoryStore};
 pub use provider::{KeyWatch, LeaseProvider, MAX_BLIND_WAIT, NotifyWatch, SleepWatch, acquire};
-pub use run::{LeaseContext, RunOptions, RunOutcome, run_with_lease};
+pub use run::{LeaseContext, RunOptions, RunOutcome, end_after_min_hold, run_with_lease};
 pub use time::{deadline_after, deadline_in};
 pub use tokio_util::sync::CancellationToken;

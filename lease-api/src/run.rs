@@ -114,14 +114,32 @@ where
         let reason = guard.lost_reason().unwrap_or(LostReason::Revoked);
         return Ok(RunOutcome::Lost { reason, token });
     }
-    let hold_until = crate::deadline_after(acquired_at, options.min_hold);
+    end_after_min_hold(&provider, guard, acquired_at, options.min_hold).await;
+    Ok(RunOutcome::Completed { value, token })
+}
+
+/// Ends a guarded lease after its job: released at once, or kept until
+/// `acquired_at + min_hold`. Where leases end only by TTL the remainder is
+/// left to the store (one extend, then this returns); where they end with the
+/// holder's session ([`Capabilities::holder_session`](crate::Capabilities::holder_session))
+/// this keeps renewing until the hold ends, then releases. Failures are logged:
+/// the job has already run. This is what [`run_with_lease`] does after the job,
+/// for callers (like the `lease` command) that run the job themselves.
+pub async fn end_after_min_hold(
+    provider: &Arc<dyn LeaseProvider>,
+    guard: LeaseGuard,
+    acquired_at: Instant,
+    min_hold: Duration,
+) {
+    let key = guard.key();
+    let hold_until = crate::deadline_after(acquired_at, min_hold);
     let now = Instant::now();
     if hold_until > now && provider.capabilities().holder_session.is_some() {
         // The lease ends with our session: stay and renew until the hold ends.
         tokio::select! {
             reason = guard.lost() => {
                 tracing::warn!(key = %key, %reason, "lease lost during the minimum hold");
-                return Ok(RunOutcome::Completed { value, token });
+                return;
             }
             _ = tokio::time::sleep_until(hold_until) => {}
         }
@@ -137,5 +155,4 @@ where
     } else if let Err(e) = guard.release().await {
         tracing::warn!(key = %key, error = %e, "release after the job failed; the lease runs out by its TTL");
     }
-    Ok(RunOutcome::Completed { value, token })
 }

@@ -7,25 +7,35 @@
 //! - 69 store unavailable;
 //! - 75 not acquired (the key stayed held for the whole wait);
 //! - 79 lease lost while the command ran (the command was stopped);
-//! - 1 `lease conformance` found a failing case.
+//! - 126 / 127 the command is not executable / not found (checked before any lease is taken);
+//! - 129 / 130 / 143 `lease run` got SIGHUP / SIGINT / SIGTERM (command stopped, lease released);
+//! - 1 `lease conformance` found a failing case; `lease status`: 0 held, 3 free.
+//!
+//! `lease run` starts the command through a small supervisor (`lease supervise`,
+//! hidden) that owns the command's process group: if `lease` itself dies, even by
+//! `kill -9`, or stops renewing, the supervisor stops the whole group no later than
+//! the lease's local validity.
 
-use std::os::unix::process::ExitStatusExt;
-use std::process::{ExitCode, Stdio};
+mod supervise;
+
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use lease::{
     GuardConfig, LeaseError, LeaseGuard, LeaseKey, LeaseProvider, Store, StoreConfig, acquire,
-    parse_duration,
+    end_after_min_hold, parse_duration,
 };
 use lease_conformance::ProviderFactory;
-use tokio::time::Instant;
 
 const EXIT_USAGE: u8 = 64;
 const EXIT_UNAVAILABLE: u8 = 69;
 const EXIT_NOT_ACQUIRED: u8 = 75;
 const EXIT_LOST: u8 = 79;
+const EXIT_NOT_EXECUTABLE: u8 = 126;
+const EXIT_NOT_FOUND: u8 = 127;
+const EXIT_FREE: u8 = 3;
 
 const AFTER_HELP: &str = "\
 Exit codes:
@@ -34,9 +44,14 @@ Exit codes:
   69   the store is unavailable
   75   not acquired: the key stayed held for the whole wait
   79   the lease was lost while the command ran; the command was stopped
-  143  (130 for SIGINT) `lease run` itself was asked to stop: the command was
+  126  the command is not executable; 127: not found (checked before acquiring)
+  129, 130, 143  `lease run` got SIGHUP, SIGINT or SIGTERM: the command was
        stopped the same way and the lease released
   1    `lease conformance` found a failing case
+  3    `lease status`: the key is free (0: held)
+
+Environment: LEASE_STORE, LEASE_CONFIG, LEASE_NAMESPACE, LEASE_DEFAULT_TTL,
+LEASE_CONNECT_TIMEOUT, LEASE_REQUEST_TIMEOUT (durations like 30s, 1m); RUST_LOG.
 
 Store URLs: memory://, redis://host:port, rediss://..., redlock://h1:p,h2:p,h3:p,
 postgres://user@host/db[?lease_table=schema.table], etcd://h1:p[,h2:p], zk://h1:p[,h2:p][/chroot]";
@@ -53,13 +68,34 @@ struct Cli {
     /// The namespace.
     #[arg(long, env = "LEASE_NAMESPACE", global = true)]
     namespace: Option<String>,
+    /// Log more (-v: info, -vv: debug); RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
     #[command(subcommand)]
     command: Command,
 }
 
+const RUN_HELP: &str = "\
+The command runs in a process group of its own, under a supervisor: when the
+lease is lost, or `lease` gets SIGTERM, SIGINT or SIGHUP, the whole group gets
+SIGTERM, then SIGKILL after --grace. If `lease` itself dies (even kill -9) or
+stops renewing, the supervisor stops the group no later than the lease's local
+validity. Processes the command leaves in its group are killed when it exits.
+
+The command's environment gets LEASE_KEY and LEASE_TOKEN (the fencing token:
+pass it to every write, e.g. UPDATE ... WHERE last_token < $LEASE_TOKEN).
+
+Exit codes: the command's own; 64 usage; 69 store unavailable; 75 not acquired;
+79 lease lost; 126/127 command not executable/not found; 129/130/143 signals.
+
+Examples:
+  lease --store redis://127.0.0.1:6379 run --key nightly-report --ttl 30s -- ./report.sh
+  lease --store postgres://app@db/app run --key cron-0400 --min-hold 5m --wait forever -- ./job.sh";
+
 #[derive(Subcommand)]
 enum Command {
     /// Acquire KEY, run CMD while renewing the lease, stop CMD if the lease is lost.
+    #[command(after_help = RUN_HELP)]
     Run {
         /// The key to lease.
         #[arg(long)]
@@ -67,8 +103,8 @@ enum Command {
         /// The lease TTL (30s, 1m, ...). Default: the configuration's default_ttl.
         #[arg(long, value_parser = duration)]
         ttl: Option<Duration>,
-        /// How long to wait for the key if it is held. Default: do not wait.
-        #[arg(long, value_parser = duration, default_value = "0s")]
+        /// How long to wait for the key if it is held ("forever" waits forever). Default: do not wait.
+        #[arg(long, value_parser = wait_duration, default_value = "0s")]
         wait: Duration,
         /// Keep the key held at least this long after acquiring it, even if CMD ends sooner.
         #[arg(long, value_parser = duration, default_value = "0s")]
@@ -76,11 +112,11 @@ enum Command {
         /// After SIGTERM, how long CMD gets before SIGKILL.
         #[arg(long, value_parser = duration, default_value = "10s")]
         grace: Duration,
-        /// The command and its arguments.
-        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        /// The command and its arguments, after `--`.
+        #[arg(required = true, last = true)]
         cmd: Vec<String>,
     },
-    /// Show who holds KEY: token and remaining TTL, or free.
+    /// Show who holds KEY: token and remaining TTL, or free. Exit 0 held, 3 free.
     Status {
         /// The key.
         #[arg(long)]
@@ -91,6 +127,25 @@ enum Command {
     },
     /// Run the conformance suite against the configured store (in its own namespace).
     Conformance,
+    /// Internal: the supervisor `lease run` starts between itself and the command.
+    #[command(hide = true)]
+    Supervise {
+        #[arg(long)]
+        fd: i32,
+        #[arg(long)]
+        grace_ms: u64,
+        #[arg(long)]
+        valid_until_ns: u128,
+        #[arg(required = true, last = true)]
+        cmd: Vec<String>,
+    },
+}
+
+fn wait_duration(s: &str) -> Result<Duration, String> {
+    if s.trim().eq_ignore_ascii_case("forever") {
+        return Ok(Duration::MAX);
+    }
+    duration(s)
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
@@ -110,6 +165,29 @@ fn error_code(e: &LeaseError) -> u8 {
     }
 }
 
+/// Finds the program `lease run` would start, before any lease is taken:
+/// 127 when it is not found, 126 when it is not an executable file.
+fn check_runnable(program: &str) -> Result<(), (u8, String)> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &std::path::Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    let candidates: Vec<std::path::PathBuf> = if program.contains('/') {
+        vec![program.into()]
+    } else {
+        std::env::var_os("PATH")
+            .map(|p| std::env::split_paths(&p).map(|d| d.join(program)).collect())
+            .unwrap_or_default()
+    };
+    if candidates.iter().any(|c| executable(c)) {
+        return Ok(());
+    }
+    if candidates.iter().any(|c| c.exists()) {
+        return Err((EXIT_NOT_EXECUTABLE, format!("{program}: not executable")));
+    }
+    Err((EXIT_NOT_FOUND, format!("{program}: command not found")))
+}
+
 fn describe(e: &LeaseError) -> String {
     let mut msg = e.to_string();
     let mut src = std::error::Error::source(e);
@@ -126,12 +204,20 @@ fn describe(e: &LeaseError) -> String {
 fn load_config(cli: &Cli) -> Result<StoreConfig, LeaseError> {
     let mut config = match &cli.config {
         Some(path) => StoreConfig::from_toml_file(path)?,
-        None => StoreConfig::new(cli.store.clone().ok_or_else(|| {
-            LeaseError::Config(format!(
-                "no store given: use --store URL, LEASE_STORE, or --config FILE ({})",
-                lease::URL_FORMS
-            ))
-        })?),
+        None => {
+            let store = cli.store.clone().ok_or_else(|| {
+                LeaseError::Config(format!(
+                    "no store given: use --store URL, LEASE_STORE, or --config FILE ({})",
+                    lease::URL_FORMS
+                ))
+            })?;
+            // LEASE_DEFAULT_TTL and the timeouts come from the environment;
+            // a garbage value is an error naming the variable.
+            StoreConfig::from_lookup(|name| match name {
+                "LEASE_STORE" => Some(store.clone()),
+                other => std::env::var(other).ok(),
+            })?
+        }
     };
     if cli.config.is_some()
         && let Some(store) = &cli.store
@@ -153,6 +239,26 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
+    if let Command::Supervise {
+        fd,
+        grace_ms,
+        valid_until_ns,
+        cmd,
+    } = &cli.command
+    {
+        return supervise::supervise(*fd, Duration::from_millis(*grace_ms), *valid_until_ns, cmd);
+    }
+    let default_level = match cli.verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -196,7 +302,21 @@ async fn async_main(cli: Cli) -> ExitCode {
         }
         Command::Status { key, json } => status(&config, &key, json).await,
         Command::Conformance => conformance(&config).await,
+        Command::Supervise { .. } => ExitCode::from(EXIT_USAGE),
     }
+}
+
+/// A provider for commands that coordinate separate processes: `memory://`
+/// is one process's store, so two `lease run`s would never see each other.
+fn shared_store(config: &StoreConfig) -> Result<Arc<dyn LeaseProvider>, LeaseError> {
+    if config.parsed()? == Store::Memory {
+        return Err(LeaseError::Config(
+            "memory:// lives inside one process, so it cannot coordinate separate `lease` commands; \
+             use a shared store (redis://, postgres://, etcd://, zk://)"
+                .into(),
+        ));
+    }
+    config.build()
 }
 
 async fn run(
@@ -208,16 +328,30 @@ async fn run(
     grace: Duration,
     cmd: &[String],
 ) -> ExitCode {
-    let (provider, key) = match config.build().and_then(|p| Ok((p, LeaseKey::new(key)?))) {
+    if let Err((code, msg)) = check_runnable(&cmd[0]) {
+        return fail(code, msg);
+    }
+    let (provider, key) = match shared_store(config).and_then(|p| Ok((p, LeaseKey::new(key)?))) {
         Ok(v) => v,
         Err(e) => return fail(error_code(&e), describe(&e)),
     };
+    if let Err(e) = provider.capabilities().grant_ttl(ttl) {
+        return fail(EXIT_USAGE, describe(&e));
+    }
     let lease = match acquire(&provider, &key, ttl, wait).await {
         Ok(Some(lease)) => lease,
         Ok(None) => {
+            let holder = match provider.inspect(&key).await {
+                Ok(Some(i)) => format!(
+                    " (token {}, {} left)",
+                    i.token,
+                    humantime::format_duration(round_ms(i.remaining))
+                ),
+                _ => String::new(),
+            };
             return fail(
                 EXIT_NOT_ACQUIRED,
-                format!("{key} is held by someone else; not acquired"),
+                format!("{key} is held by someone else{holder}; not acquired"),
             );
         }
         Err(e) => return fail(error_code(&e), describe(&e)),
@@ -225,97 +359,111 @@ async fn run(
     let acquired_at = lease.sent_at();
     let token = lease.token();
     let guard = LeaseGuard::with_config(Arc::clone(&provider), lease, GuardConfig::default());
-    let mut child = match tokio::process::Command::new(&cmd[0])
-        .args(&cmd[1..])
-        .env("LEASE_KEY", key.as_str())
-        .env("LEASE_TOKEN", token.to_string())
-        .stdin(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-    {
+    let env = [
+        ("LEASE_KEY", key.as_str().to_owned()),
+        ("LEASE_TOKEN", token.to_string()),
+    ];
+    let mut supervisor =
+        match supervise::Supervisor::spawn(cmd, &env, grace, guard.lease().remaining()) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = guard.release().await;
+                return fail(EXIT_USAGE, format!("cannot start {:?}: {e}", cmd[0]));
+            }
+        };
+    // Tell the supervisor how long the lease is surely held, after each renewal.
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let mut told = guard.lease().valid_until();
+    let mut signals = Signals::new();
+    let outcome = loop {
+        tokio::select! {
+            code = supervisor.wait() => break Ok(code),
+            reason = guard.lost() => break Err((EXIT_LOST, format!("lease on {key} (token {token}) lost: {reason}; stopping the command"))),
+            signal = signals.recv() => break Err((128 + signal.1, format!("got {}; stopping the command and releasing {key}", signal.0))),
+            _ = tick.tick() => {
+                let lease = guard.lease();
+                if lease.valid_until() != told {
+                    told = lease.valid_until();
+                    supervisor.valid_for(lease.remaining());
+                }
+            }
+        }
+    };
+    let code = match outcome {
+        Ok(code) => code,
+        Err((exit, msg)) => {
+            eprintln!("lease: {msg}");
+            supervisor.stop(grace);
+            let _ = supervisor.wait().await;
+            if exit != EXIT_LOST {
+                let _ = guard.release().await;
+            }
+            return ExitCode::from(exit);
+        }
+    };
+    let code = match code {
         Ok(c) => c,
-        Err(e) => {
-            let _ = guard.release().await;
-            return fail(EXIT_USAGE, format!("cannot start {:?}: {e}", cmd[0]));
-        }
-    };
-    let status = tokio::select! {
-        status = child.wait() => status,
-        reason = guard.lost() => {
-            eprintln!("lease: lease on {key} (token {token}) lost: {reason}; stopping the command");
-            stop_child(&mut child, grace).await;
-            return ExitCode::from(EXIT_LOST);
-        }
-        signal = termination() => {
-            // Asked to stop: stop the command the same way, then give the key back.
-            eprintln!("lease: got {signal}; stopping the command and releasing {key}");
-            stop_child(&mut child, grace).await;
-            let _ = guard.release().await;
-            return ExitCode::from(128 + if signal == "SIGINT" { 2 } else { 15 });
-        }
-    };
-    let code = match status {
-        Ok(s) => s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0)),
         Err(e) => {
             eprintln!("lease: waiting for the command failed: {e}");
             1
         }
     };
-    if guard.is_lost() {
-        return ExitCode::from(EXIT_LOST);
-    }
-    let hold_until = acquired_at + min_hold;
-    let now = Instant::now();
-    if hold_until > now {
-        let lease = guard.detach().await;
-        let rest = provider.capabilities().practical_ttl(hold_until - now);
-        if let Err(e) = provider.extend(&lease, rest).await {
-            eprintln!(
-                "lease: could not keep {key} for the minimum hold: {}",
-                describe(&e)
-            );
-        }
-    } else if let Err(e) = guard.release().await {
-        eprintln!(
-            "lease: releasing {key} failed ({}); it runs out by its TTL",
-            describe(&e)
+    // Lost, or past local validity with the guard not yet told (lease was frozen).
+    if guard.is_lost() || tokio::time::Instant::now() >= guard.lease().valid_until() {
+        let reason = guard
+            .lost_reason()
+            .map_or_else(|| "local validity ran out".to_string(), |r| r.to_string());
+        return fail(
+            EXIT_LOST,
+            format!(
+                "lease on {key} (token {token}) was lost ({reason}) as the command finished with code {code}; its last writes may overlap another holder's"
+            ),
         );
     }
+    end_after_min_hold(&provider, guard, acquired_at, min_hold).await;
     ExitCode::from(u8::try_from(code.clamp(0, 255)).unwrap_or(1))
 }
 
-/// Resolves with the name of the first SIGTERM or SIGINT this process gets.
-async fn termination() -> &'static str {
-    use tokio::signal::unix::{SignalKind, signal};
-    match (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) {
-        (Ok(mut term), Ok(mut int)) => tokio::select! {
-            _ = term.recv() => "SIGTERM",
-            _ = int.recv() => "SIGINT",
-        },
-        // Without signal handling we simply never report a signal.
-        _ => std::future::pending().await,
-    }
-}
+/// SIGTERM, SIGINT and SIGHUP, registered once for the whole run.
+struct Signals(
+    Option<(
+        tokio::signal::unix::Signal,
+        tokio::signal::unix::Signal,
+        tokio::signal::unix::Signal,
+    )>,
+);
 
-/// SIGTERM, then SIGKILL after `grace`.
-async fn stop_child(child: &mut tokio::process::Child, grace: Duration) {
-    if let Some(pid) = child.id() {
-        let _ = tokio::process::Command::new("kill")
-            .arg("-TERM")
-            .arg(pid.to_string())
-            .status()
-            .await;
+impl Signals {
+    fn new() -> Self {
+        use tokio::signal::unix::{SignalKind, signal};
+        Signals(
+            match (
+                signal(SignalKind::terminate()),
+                signal(SignalKind::interrupt()),
+                signal(SignalKind::hangup()),
+            ) {
+                (Ok(t), Ok(i), Ok(h)) => Some((t, i, h)),
+                _ => None,
+            },
+        )
     }
-    if tokio::time::timeout(grace, child.wait()).await.is_err() {
-        let _ = child.kill().await;
+
+    /// The next signal: its name and number.
+    async fn recv(&mut self) -> (&'static str, u8) {
+        match self.0.as_mut() {
+            Some((term, int, hup)) => tokio::select! {
+                _ = term.recv() => ("SIGTERM", 15),
+                _ = int.recv() => ("SIGINT", 2),
+                _ = hup.recv() => ("SIGHUP", 1),
+            },
+            // Without signal handling we simply never report a signal.
+            None => std::future::pending().await,
+        }
     }
 }
 
 async fn status(config: &StoreConfig, key: &str, json: bool) -> ExitCode {
-    let (provider, key) = match config.build().and_then(|p| Ok((p, LeaseKey::new(key)?))) {
+    let (provider, key) = match shared_store(config).and_then(|p| Ok((p, LeaseKey::new(key)?))) {
         Ok(v) => v,
         Err(e) => return fail(error_code(&e), describe(&e)),
     };
@@ -323,6 +471,7 @@ async fn status(config: &StoreConfig, key: &str, json: bool) -> ExitCode {
         Ok(i) => i,
         Err(e) => return fail(error_code(&e), describe(&e)),
     };
+    let held = info.is_some();
     if json {
         let value = match &info {
             Some(i) => serde_json::json!({
@@ -345,7 +494,11 @@ async fn status(config: &StoreConfig, key: &str, json: bool) -> ExitCode {
             None => println!("{key}: free"),
         }
     }
-    ExitCode::SUCCESS
+    if held {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_FREE)
+    }
 }
 
 fn round_ms(d: Duration) -> Duration {

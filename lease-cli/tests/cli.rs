@@ -125,12 +125,15 @@ fn wait_exit(child: &mut Child, limit: Duration) -> Option<i32> {
     }
 }
 
+/// True while `pid` runs: a zombie (exited, not yet reaped by an init that
+/// may never reap it) counts as gone.
 fn alive(pid: &str) -> bool {
-    Command::new("kill")
-        .args(["-0", pid])
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        // The state follows the parenthesised command name.
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X")
+    })
 }
 
 fn signal(pid: u32, sig: &str) {
@@ -311,6 +314,16 @@ macro_rules! per_store {
                 fn conformance_passes() {
                     super::conformance_passes(&super::shared(stringify!($kind)));
                 }
+
+                #[test]
+                fn kill_9_of_lease_stops_the_command_tree_within_validity() {
+                    super::kill_9_of_lease_stops_the_command_tree_within_validity(stringify!($kind));
+                }
+
+                #[test]
+                fn min_hold_keeps_the_key_after_the_command() {
+                    super::min_hold_keeps_the_key_after_the_command(stringify!($kind));
+                }
             }
         )*
     };
@@ -355,7 +368,7 @@ fn usage_errors_have_their_own_code() {
         vec!["--store", "nope://x", "status", "--key", "k"],
         vec![
             "--store",
-            "memory://",
+            "redis://127.0.0.1:1",
             "run",
             "--key",
             "k",
@@ -388,9 +401,13 @@ fn config_file_and_environment_choose_the_store() {
     let file: PathBuf = dir.path().join("lease.toml");
     std::fs::write(
         &file,
-        "store = \"memory://\"\nnamespace = \"from-file\"\ndefault_ttl = \"5s\"\n",
+        format!(
+            "store = \"{}\"\nnamespace = \"from-file\"\ndefault_ttl = \"5s\"\n",
+            shared("redis")
+        ),
     )
     .unwrap();
+    let key = unique("cli-config");
     let out = output({
         let mut c = lease();
         c.args([
@@ -398,7 +415,7 @@ fn config_file_and_environment_choose_the_store() {
             file.to_str().unwrap(),
             "run",
             "--key",
-            "k",
+            &key,
             "--",
             "sh",
             "-c",
@@ -407,12 +424,211 @@ fn config_file_and_environment_choose_the_store() {
         c
     });
     assert_eq!(out.status.code(), Some(0), "{out:?}");
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "k");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), key);
     let out = output({
         let mut c = lease();
-        c.env("LEASE_STORE", "memory://")
-            .args(["status", "--key", "k"]);
+        c.env("LEASE_STORE", shared("redis"))
+            .env("LEASE_NAMESPACE", "from-file")
+            .args(["status", "--key", &key]);
         c
     });
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "k: free");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("{key}: free")
+    );
+    assert_eq!(out.status.code(), Some(3), "status of a free key: {out:?}");
+}
+
+#[test]
+fn memory_is_refused_for_commands_that_coordinate_processes() {
+    for args in [
+        vec!["--store", "memory://", "run", "--key", "k", "--", "true"],
+        vec!["--store", "memory://", "status", "--key", "k"],
+    ] {
+        let out = output({
+            let mut c = lease();
+            c.args(&args);
+            c
+        });
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("one process"),
+            "{out:?}"
+        );
+    }
+}
+
+#[test]
+fn bad_commands_flags_and_variables_are_refused_before_any_lease() {
+    let store = shared("redis");
+    let key = unique("cli-refused");
+    let cases: [(&[&str], &[&str], i32); 3] = [
+        (&["--frob"], &["echo", "x"], 64),
+        (&[], &["no-such-command-for-lease-tests"], 127),
+        (&[], &["/etc/hostname"], 126),
+    ];
+    for (extra, cmd, code) in cases {
+        let out = output(run_args(&store, &key, "30s", extra, cmd));
+        assert_eq!(out.status.code(), Some(code), "{extra:?} {cmd:?}: {out:?}");
+        assert!(!out.stderr.is_empty(), "{cmd:?} printed no reason");
+    }
+    let out = output({
+        let mut c = run_args(&store, &key, "30s", &[], &["true"]);
+        c.env("LEASE_DEFAULT_TTL", "soon");
+        c
+    });
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("LEASE_DEFAULT_TTL"),
+        "{out:?}"
+    );
+    // No lease was taken by any of them: the key is free, never acquired.
+    let status = output({
+        let mut c = lease();
+        c.args(["--store", &store, "status", "--key", &key]);
+        c
+    });
+    assert_eq!(status.status.code(), Some(3), "{status:?}");
+}
+
+#[test]
+fn huge_durations_and_waiting_forever_never_panic() {
+    let store = shared("redis");
+    let key = unique("cli-huge");
+    let out = output(run_args(
+        &store,
+        &key,
+        "30s",
+        &["--wait", "forever"],
+        &["true"],
+    ));
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let out = output(run_args(
+        &store,
+        &key,
+        "30s",
+        &["--wait", "18446744073709551615s"],
+        &["true"],
+    ));
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let out = output(run_args(&store, &key, "1000000d", &[], &["true"]));
+    assert_eq!(
+        out.status.code(),
+        Some(64),
+        "a TTL beyond the store's maximum: {out:?}"
+    );
+    let out = output(run_args(
+        &store,
+        &key,
+        "30s",
+        &["--min-hold", "18446744073709551615s"],
+        &["true"],
+    ));
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("panicked"),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn sighup_stops_the_command_and_releases_the_key() {
+    let store = shared("redis");
+    let key = unique("cli-sighup");
+    let dir = TempDir::new("lease-cli");
+    let pidfile = dir.path().join("pid");
+    let script = format!("echo $$ > {}; exec sleep 120", pidfile.display());
+    let mut run = run_args(
+        &store,
+        &key,
+        "30s",
+        &["--grace", "2s"],
+        &["sh", "-c", &script],
+    )
+    .spawn()
+    .unwrap();
+    let cmd_pid = wait_for_file(&pidfile, Duration::from_secs(20));
+    signal(run.id(), "HUP");
+    assert_eq!(wait_exit(&mut run, Duration::from_secs(20)), Some(129));
+    assert!(!alive(&cmd_pid), "the command survived SIGHUP");
+    let next = output(run_args(&store, &key, "30s", &[], &["true"]));
+    assert_eq!(next.status.code(), Some(0), "released at once: {next:?}");
+}
+
+/// `kill -9` of `lease run`: no process of the command's tree (a shell and
+/// the background job it started) may outlive the lease's local validity.
+fn kill_9_of_lease_stops_the_command_tree_within_validity(kind: &str) {
+    let store = shared(kind);
+    let key = unique("cli-kill9");
+    let dir = TempDir::new("lease-cli");
+    let pids = dir.path().join("pids");
+    let script = format!("sleep 100 & echo \"$$ $!\" > {}; wait", pids.display());
+    let ttl = short_ttl(kind);
+    let mut run = run_args(
+        &store,
+        &key,
+        ttl,
+        &["--grace", "30s"],
+        &["sh", "-c", &script],
+    )
+    .spawn()
+    .unwrap();
+    let line = wait_for_file(&pids, Duration::from_secs(20));
+    let tree: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(tree.len(), 2, "{line}");
+    signal(run.id(), "KILL");
+    let killed = Instant::now();
+    let _ = run.wait();
+    let ttl: Duration = match ttl {
+        "2s" => Duration::from_secs(2),
+        _ => Duration::from_secs(1),
+    };
+    while tree.iter().any(|p| alive(p)) {
+        assert!(
+            killed.elapsed() < ttl,
+            "processes {tree:?} of the command outlived the lease's TTL {ttl:?} after kill -9"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    eprintln!(
+        "{kind}: the command tree was gone {:?} after kill -9 of lease",
+        killed.elapsed()
+    );
+}
+
+/// `--min-hold` holds on every store, also where leases end with the session
+/// (ZooKeeper): a second run right after the first one finished is refused.
+fn min_hold_keeps_the_key_after_the_command(kind: &str) {
+    let store = shared(kind);
+    let key = unique("cli-min-hold");
+    let dir = TempDir::new("lease-cli");
+    let marker = dir.path().join("ran");
+    let script = format!("echo ran > {}", marker.display());
+    let started = Instant::now();
+    // Where leases end with the session, `lease` stays (renewing) for the hold,
+    // so run it in the background and look while the hold lasts.
+    let mut first = run_args(
+        &store,
+        &key,
+        "30s",
+        &["--min-hold", "6s"],
+        &["sh", "-c", &script],
+    )
+    .spawn()
+    .unwrap();
+    wait_for_file(&marker, Duration::from_secs(20));
+    // Let a plain run finish and its process (and session) go away first.
+    std::thread::sleep(Duration::from_millis(500));
+    let second = output(run_args(&store, &key, "30s", &[], &["true"]));
+    let checked_at = started.elapsed();
+    assert!(
+        checked_at < Duration::from_secs(5),
+        "too slow to check the hold: {checked_at:?}"
+    );
+    assert_eq!(
+        second.status.code(),
+        Some(NOT_ACQUIRED),
+        "{kind}: a run {checked_at:?} into a 6 s minimum hold got the key: {second:?}"
+    );
+    assert_eq!(wait_exit(&mut first, Duration::from_secs(30)), Some(0));
 }
