@@ -125,8 +125,13 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Run the conformance suite against the configured store (in its own namespace).
-    Conformance,
+    /// Run the conformance suite against the configured store, in namespaces
+    /// under --namespace. Exit 0 all passed, 1 a case failed, 69 store unreachable.
+    Conformance {
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Internal: the supervisor `lease run` starts between itself and the command.
     #[command(hide = true)]
     Supervise {
@@ -301,7 +306,7 @@ async fn async_main(cli: Cli) -> ExitCode {
             .await
         }
         Command::Status { key, json } => status(&config, &key, json).await,
-        Command::Conformance => conformance(&config).await,
+        Command::Conformance { json } => conformance(&config, json).await,
         Command::Supervise { .. } => ExitCode::from(EXIT_USAGE),
     }
 }
@@ -514,11 +519,13 @@ struct ConfiguredFactory {
 #[async_trait::async_trait]
 impl ProviderFactory for ConfiguredFactory {
     async fn provider(&self, namespace: &str) -> Result<Arc<dyn LeaseProvider>, LeaseError> {
+        // Every case namespace lives under the configured one (--namespace).
+        let namespace = format!("{}.{namespace}", self.config.namespace);
         if self.store == Store::Memory {
-            return Ok(Arc::new(self.memory.provider(namespace)?));
+            return Ok(Arc::new(self.memory.provider(&namespace)?));
         }
         self.store.build(
-            namespace,
+            &namespace,
             self.config.connect_timeout,
             self.config.request_timeout,
         )
@@ -539,47 +546,106 @@ impl ProviderFactory for ConfiguredFactory {
     }
 }
 
-async fn conformance(config: &StoreConfig) -> ExitCode {
+fn capabilities_json(c: &lease::Capabilities) -> serde_json::Value {
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    serde_json::json!({
+        "backend": c.backend,
+        "min_ttl_ms": ms(c.min_ttl),
+        "max_ttl_ms": ms(c.max_ttl),
+        "ttl_granularity_ms": ms(c.ttl_granularity),
+        "expiry_slack_ms": ms(c.expiry_slack),
+        "durable_tokens": format!("{:?}", c.durable_tokens),
+        "notifications": format!("{:?}", c.notifications),
+        "expiry_clock": format!("{:?}", c.expiry_clock),
+        "holder_session_ms": c.holder_session.map(ms),
+        "failover_extension": c.failover_extension.map(|f| format!("{} x TTL + {:?}", f.ttl_multiple, f.fixed)),
+    })
+}
+
+async fn conformance(config: &StoreConfig, json: bool) -> ExitCode {
     let store = match config.parsed() {
         Ok(s) => s,
         Err(e) => return fail(EXIT_USAGE, describe(&e)),
     };
-    println!(
-        "conformance suite against {} ({})",
-        store.kind(),
-        config.store
-    );
     let factory = Arc::new(ConfiguredFactory {
-        store,
+        store: store.clone(),
         config: config.clone(),
         memory: lease::MemoryStore::new(),
     });
+    // A store that cannot be reached fails at once, not as 36 failed cases.
+    let probe = match factory.provider("probe").await {
+        Ok(p) => p,
+        Err(e) => return fail(error_code(&e), describe(&e)),
+    };
+    let reachable = match LeaseKey::new("lease-conformance-probe") {
+        Ok(k) => probe.inspect(&k).await.map(|_| ()),
+        Err(e) => Err(e),
+    };
+    if let Err(e) = reachable {
+        return fail(error_code(&e), describe(&e));
+    }
+    let caps = probe.capabilities().clone();
+    if !json {
+        println!(
+            "conformance suite against {} (namespace {})",
+            store.kind(),
+            config.namespace
+        );
+        println!("declared capabilities: {}", capabilities_json(&caps));
+    }
     let started = std::time::Instant::now();
     let report = lease_conformance::run_all(factory).await;
-    let width = report.cases.iter().map(|c| c.name.len()).max().unwrap_or(4);
-    println!(
-        "{:<width$}  {:<6}  {:<6}  {:>8}",
-        "case", "clause", "result", "time"
-    );
-    for c in &report.cases {
-        let result = if c.failure.is_none() { "ok" } else { "FAILED" };
+    let passed = report.cases.len() - report.failures();
+    if json {
+        let cases: Vec<_> = report
+            .cases
+            .iter()
+            .map(|c| {
+                serde_json::json!({
+                    "name": c.name,
+                    "clause": c.clause,
+                    "passed": c.failure.is_none(),
+                    "failure": c.failure,
+                    "seconds": c.elapsed.as_secs_f64(),
+                })
+            })
+            .collect();
         println!(
-            "{:<width$}  {:<6}  {:<6}  {:>7.2}s",
-            c.name,
-            c.clause,
-            result,
-            c.elapsed.as_secs_f64()
+            "{}",
+            serde_json::json!({
+                "store": store.kind(),
+                "namespace": config.namespace,
+                "capabilities": capabilities_json(&caps),
+                "passed": passed,
+                "failed": report.failures(),
+                "cases": cases,
+            })
+        );
+    } else {
+        let width = report.cases.iter().map(|c| c.name.len()).max().unwrap_or(4);
+        println!(
+            "{:<width$}  {:<6}  {:<6}  {:>8}",
+            "case", "clause", "result", "time"
+        );
+        for c in &report.cases {
+            let result = if c.failure.is_none() { "ok" } else { "FAILED" };
+            println!(
+                "{:<width$}  {:<6}  {:<6}  {:>7.2}s",
+                c.name,
+                c.clause,
+                result,
+                c.elapsed.as_secs_f64()
+            );
+        }
+        for c in report.cases.iter().filter(|c| c.failure.is_some()) {
+            println!("\n{}: {}", c.name, c.failure.as_deref().unwrap_or_default());
+        }
+        println!(
+            "\nconformance: {passed} passed, {} failed in {:.1}s",
+            report.failures(),
+            started.elapsed().as_secs_f64()
         );
     }
-    for c in report.cases.iter().filter(|c| c.failure.is_some()) {
-        println!("\n{}: {}", c.name, c.failure.as_deref().unwrap_or_default());
-    }
-    let passed = report.cases.len() - report.failures();
-    println!(
-        "\nconformance: {passed} passed, {} failed in {:.1}s",
-        report.failures(),
-        started.elapsed().as_secs_f64()
-    );
     if report.passed() {
         ExitCode::SUCCESS
     } else {

@@ -632,3 +632,37 @@ fn min_hold_keeps_the_key_after_the_command(kind: &str) {
     );
     assert_eq!(wait_exit(&mut first, Duration::from_secs(30)), Some(0));
 }
+
+#[test]
+fn conformance_fails_fast_on_an_unreachable_store_and_reports_json() {
+    let started = Instant::now();
+    let out = output({
+        let mut c = lease();
+        c.args(["--store", "redis://127.0.0.1:1", "conformance"]);
+        c
+    });
+    assert_eq!(out.status.code(), Some(69), "{out:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
+    let out = output({
+        let mut c = lease();
+        c.args([
+            "--store",
+            "memory://",
+            "--namespace",
+            "mine",
+            "conformance",
+            "--json",
+        ]);
+        c
+    });
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["namespace"], "mine", "{json}");
+    assert_eq!(json["capabilities"]["backend"], "memory", "{json}");
+    assert_eq!(json["passed"], lease_conformance::CASES.len(), "{json}");
+    assert_eq!(json["failed"], 0, "{json}");
+}
