@@ -28,7 +28,15 @@
 //! - **Acquire** (two round trips): grant an etcd lease with the TTL, then one
 //!   transaction `if create_revision(key) == 0 then put(key, owner, lease) else
 //!   get(key)`. When the key was held, the unused etcd lease is revoked in the
-//!   background, so losing acquires leak nothing.
+//!   background, so losing acquires leak nothing. A key the provider saw held
+//!   (and has not seen deleted by a watch) is first read, one cheap round trip,
+//!   so repeated looks at a held key grant no etcd leases. etcd reports a
+//!   holder's remaining TTL in whole seconds rounded down; the provider rounds
+//!   up, so a waiter in the holder's last second sleeps to its end (or the
+//!   deletion's watch event) instead of retrying at once.
+//! - **Failover**: a new leader restarts every etcd lease at its full TTL, so
+//!   across a leader change an unrenewed lease can outlive its TTL by another
+//!   TTL plus the election timeout; `Capabilities::failover_extension` says so.
 //! - **Token** = the key's create revision, which etcd assigns from one global,
 //!   durable counter: tokens grow across every acquisition, every client and
 //!   every restart of the cluster.

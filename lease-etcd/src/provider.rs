@@ -1,12 +1,13 @@
 //! `EtcdProvider`.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, PutOptions, Txn, TxnOp, TxnOpResponse,
-    TxnResponse, WatchStream,
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp,
+    TxnOpResponse, TxnResponse, WatchStream,
 };
 use lease_api::{
     Capabilities, DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, ExpiryClock, FailoverExtension, FencingToken,
@@ -65,6 +66,9 @@ struct Inner {
     prefix: String,
     caps: Capabilities,
     display: String,
+    /// Keys this provider saw held, until when at least; cleared by a watch
+    /// that sees the key deleted. A try on such a key reads before it grants.
+    seen_held: Arc<std::sync::Mutex<HashMap<String, Instant>>>,
 }
 
 /// Leases on etcd: etcd leases for expiry, create revisions for tokens, watches
@@ -146,8 +150,40 @@ impl EtcdProvider {
                 config,
                 client: OnceCell::new(),
                 caps,
+                seen_held: Arc::default(),
             }),
         })
+    }
+
+    fn seen_held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
+        self.inner
+            .seen_held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// For a key this provider saw held and not yet saw deleted: whether it
+    /// is still there, by one read, so a waiter does not grant (and revoke)
+    /// an etcd lease on every look at a held key.
+    async fn still_held(&self, k: &str) -> Result<Option<Duration>> {
+        let now = Instant::now();
+        let until = {
+            let mut seen = self.seen_held();
+            seen.retain(|_, until| *until > now);
+            seen.get(k).copied()
+        };
+        let Some(until) = until else { return Ok(None) };
+        let key = k.to_owned();
+        let resp = self
+            .call("get", |mut c| async move {
+                c.get(key, Some(GetOptions::new().with_count_only())).await
+            })
+            .await?;
+        if resp.count() > 0 {
+            return Ok(Some(until - now));
+        }
+        self.seen_held().remove(k);
+        Ok(None)
     }
 
     fn etcd_key(&self, key: &LeaseKey) -> String {
@@ -318,10 +354,15 @@ impl LeaseProvider for EtcdProvider {
 
     async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
         let ttl = self.inner.caps.grant_ttl(ttl)?;
+        let k = self.etcd_key(key);
+        if let Some(remaining) = self.still_held(&k).await? {
+            return Ok(TryAcquire::Held {
+                remaining: Some(remaining),
+            });
+        }
         let owner = OwnerId::random();
         let sent_at = Instant::now();
         let (id, granted) = self.grant(ttl).await?;
-        let k = self.etcd_key(key);
         let txn = Txn::new()
             .when(vec![Compare::create_revision(
                 k.clone(),
@@ -368,6 +409,10 @@ impl LeaseProvider for EtcdProvider {
             Some(hid) => self.time_to_live(hid).await.unwrap_or(None),
             None => None,
         };
+        self.seen_held().insert(
+            self.etcd_key(key),
+            Instant::now() + remaining.unwrap_or(lease_api::MAX_BLIND_WAIT),
+        );
         Ok(TryAcquire::Held { remaining })
     }
 
@@ -523,12 +568,16 @@ impl LeaseProvider for EtcdProvider {
         }
         Ok(Box::new(EtcdWatch {
             stream: Some(stream),
+            key: self.etcd_key(key),
+            seen_held: Arc::clone(&self.inner.seen_held),
         }))
     }
 }
 
 struct EtcdWatch {
     stream: Option<WatchStream>,
+    key: String,
+    seen_held: Arc<std::sync::Mutex<HashMap<String, Instant>>>,
 }
 
 #[async_trait]
@@ -559,8 +608,22 @@ impl KeyWatch for EtcdWatch {
             }
         };
         match tokio::time::timeout(max, wait).await {
-            Ok(true) | Err(_) => {}
-            Ok(false) => self.stream = None,
+            Ok(true) => {
+                // Deleted: the next try grants at once instead of reading first.
+                self.seen_held
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&self.key);
+            }
+            Err(_) => {}
+            Ok(false) => {
+                // Deletions may have been missed: forget what we saw.
+                self.seen_held
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&self.key);
+                self.stream = None;
+            }
         }
     }
 }
