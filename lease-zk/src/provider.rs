@@ -355,8 +355,8 @@ impl ZkProvider {
         }
     }
 
-    /// The server's clock now, in ms: the mtime of a write to the namespace node.
-    async fn server_now(&self, client: &Client) -> Result<i64> {
+    /// One probe write to the namespace node: its mtime is the server's clock.
+    async fn probe_clock(&self, client: &Client) -> Result<ClockSample> {
         let stat = self
             .bounded(
                 "the clock probe",
@@ -364,11 +364,17 @@ impl ZkProvider {
             )
             .await?
             .map_err(|e| self.map_err(e))?;
-        *self.inner.clock.lock().await = Some(ClockSample {
+        Ok(ClockSample {
             mtime: stat.mtime,
             received: Instant::now(),
-        });
-        Ok(stat.mtime)
+        })
+    }
+
+    /// The server's clock now, in ms, from a fresh probe (kept as the shared sample).
+    async fn server_now(&self, client: &Client) -> Result<i64> {
+        let sample = self.probe_clock(client).await?;
+        *self.inner.clock.lock().await = Some(sample);
+        Ok(sample.mtime)
     }
 
     /// A lower bound of the server's clock, from a sample at most
@@ -384,18 +390,9 @@ impl ZkProvider {
                 return Ok(sample.mtime + i64::try_from(age.as_millis()).unwrap_or(0));
             }
         }
-        let stat = self
-            .bounded(
-                "the clock probe",
-                client.set_data(&self.inner.ns_path, b"", None),
-            )
-            .await?
-            .map_err(|e| self.map_err(e))?;
-        *slot = Some(ClockSample {
-            mtime: stat.mtime,
-            received: Instant::now(),
-        });
-        Ok(stat.mtime)
+        let sample = self.probe_clock(client).await?;
+        *slot = Some(sample);
+        Ok(sample.mtime)
     }
 
     async fn ensure_key_node(&self, client: &Client, paths: &Paths) -> Result<()> {
