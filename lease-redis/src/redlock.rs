@@ -19,7 +19,8 @@ use crate::keys::{cancel_key, encode, redis_keys, release_channel};
 use crate::node::{Node, Timeouts};
 use crate::scripts::{ACQUIRE, EXTEND, INSPECT, RAISE, RELEASE};
 use crate::single::{
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT, base_capabilities, millis, parse_value,
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT, base_capabilities, check_eviction, millis,
+    parse_value,
 };
 
 /// How to reach the independent Redis nodes of a Redlock.
@@ -35,6 +36,9 @@ pub struct RedlockConfig {
     /// How long to wait for one node's answer. Keep it well below the TTLs you
     /// use: a slow node only delays the round until this timeout.
     pub response_timeout: Duration,
+    /// Accept nodes whose `maxmemory-policy` may evict keys (see
+    /// [`RedisConfig::allow_eviction`](crate::RedisConfig::allow_eviction)).
+    pub allow_eviction: bool,
 }
 
 impl RedlockConfig {
@@ -49,7 +53,14 @@ impl RedlockConfig {
             namespace: DEFAULT_NAMESPACE.into(),
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
+            allow_eviction: false,
         }
+    }
+
+    /// Accepts (or refuses, the default) nodes that may evict keys.
+    pub fn allow_eviction(mut self, allow: bool) -> Self {
+        self.allow_eviction = allow;
+        self
     }
 
     /// Sets the namespace.
@@ -68,6 +79,9 @@ impl RedlockConfig {
 
 struct Inner {
     nodes: Vec<Node>,
+    allow_eviction: bool,
+    /// Per node: its eviction policy was checked (once it answered).
+    eviction_checked: Vec<std::sync::atomic::AtomicBool>,
     response_timeout: Duration,
     quorum: usize,
     namespace: String,
@@ -177,6 +191,11 @@ impl RedlockProvider {
         };
         Ok(RedlockProvider {
             inner: Arc::new(Inner {
+                allow_eviction: config.allow_eviction,
+                eviction_checked: nodes
+                    .iter()
+                    .map(|_| std::sync::atomic::AtomicBool::new(false))
+                    .collect(),
                 response_timeout: config.response_timeout,
                 quorum: nodes.len() / 2 + 1,
                 nodes,
@@ -209,8 +228,8 @@ impl RedlockProvider {
 
     /// Runs a yes/no script on every node in parallel, each bounded by
     /// `limit`, and returns as soon as the outcome is decided: a majority said
-    /// yes, or too few nodes are left for one. A slow node does not hold the
-    /// caller up; its late answer changes nothing the caller relies on.
+    /// yes, or a majority said no. A slow node does not hold up a decided
+    /// vote; its late answer changes nothing the caller relies on.
     async fn vote<'a, F, Fut>(&'a self, limit: Duration, f: F) -> Vote
     where
         F: Fn(&'a Node) -> Fut,
@@ -237,12 +256,19 @@ impl RedlockProvider {
             answered: vec![false; self.inner.nodes.len()],
             errors: Vec::new(),
         };
-        while vote.yes < quorum && vote.yes + pending.len() >= quorum {
+        // Close early only on a decided outcome: a majority said yes, or a
+        // majority said no. Errors and silent nodes leave it open, since a
+        // node that errs may still hold the lease.
+        let n = self.inner.nodes.len();
+        let mut no = 0;
+        while vote.yes < quorum && no <= n - quorum {
             match pending.next().await {
                 Some((i, Ok(answer))) => {
                     vote.answered[i] = true;
                     if answer == 1 {
                         vote.yes += 1;
+                    } else {
+                        no += 1;
                     }
                 }
                 Some((_, Err(e))) => vote.errors.push(e),
@@ -250,6 +276,34 @@ impl RedlockProvider {
             }
         }
         vote
+    }
+
+    /// Refuses nodes that may evict keys (an evicted lease or counter on a
+    /// majority breaks exclusion and tokens). Each node is checked once it
+    /// answers; a node that is down is checked on a later acquire.
+    async fn check_eviction(&self) -> Result<()> {
+        use std::sync::atomic::Ordering;
+        let allow = self.inner.allow_eviction;
+        let unchecked: Vec<usize> = (0..self.inner.nodes.len())
+            .filter(|i| !self.inner.eviction_checked[*i].load(Ordering::Relaxed))
+            .collect();
+        if unchecked.is_empty() {
+            return Ok(());
+        }
+        let checks = join_all(
+            unchecked
+                .iter()
+                .map(|i| check_eviction(&self.inner.nodes[*i], allow)),
+        )
+        .await;
+        for (i, r) in unchecked.into_iter().zip(checks) {
+            match r {
+                Ok(()) => self.inner.eviction_checked[i].store(true, Ordering::Relaxed),
+                Err(e @ LeaseError::Config(_)) => return Err(e),
+                Err(_) => {}
+            }
+        }
+        Ok(())
     }
 
     /// Cancels `owner_hex`'s acquire on node `i` in the background (see
@@ -447,6 +501,7 @@ impl LeaseProvider for RedlockProvider {
 
     async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
         let ttl = self.inner.caps.grant_ttl(ttl)?;
+        self.check_eviction().await?;
         let started = Instant::now();
         let mut attempt = 0u32;
         loop {

@@ -74,13 +74,37 @@ impl RedisConfig {
 }
 
 /// The server's `maxmemory-policy`: `Ok(None)` when `CONFIG GET` is not allowed.
+/// Reads the RESP2 array and the RESP3 map form of the answer alike.
 pub(crate) async fn eviction_policy(node: &Node) -> Result<Option<String>> {
     let mut cmd = redis::cmd("CONFIG");
     cmd.arg("GET").arg("maxmemory-policy");
-    match node.query::<Vec<String>>(&cmd).await {
-        Ok(v) => Ok(v.get(1).cloned()),
+    let text = |v: &Value| redis::from_redis_value_ref::<String>(v).ok();
+    match node.query::<Value>(&cmd).await {
+        Ok(Value::Array(items)) => Ok(items.get(1).and_then(text)),
+        Ok(Value::Map(pairs)) => Ok(pairs.first().and_then(|(_, v)| text(v))),
+        Ok(_) => Ok(None),
         Err(e) if e.is_transient() => Err(e),
         Err(_) => Ok(None),
+    }
+}
+
+/// Refuses a node whose `maxmemory-policy` may evict keys, unless `allow`.
+pub(crate) async fn check_eviction(node: &Node, allow: bool) -> Result<()> {
+    match eviction_policy(node).await? {
+        Some(p) if p == "noeviction" => Ok(()),
+        Some(p) if allow => {
+            tracing::warn!(server = %node.display, policy = %p, "Redis may evict keys (allowed by configuration): leases and fence counters are not safe under memory pressure");
+            Ok(())
+        }
+        Some(p) => Err(LeaseError::Config(format!(
+            "Redis at {} has maxmemory-policy {p}: it may evict live leases (two holders) and fence counters \
+             (tokens go back). Set maxmemory-policy noeviction, or accept it with allow_eviction",
+            node.display
+        ))),
+        None => {
+            tracing::warn!(server = %node.display, "cannot read maxmemory-policy (CONFIG GET refused); make sure it is noeviction");
+            Ok(())
+        }
     }
 }
 
@@ -250,25 +274,7 @@ impl RedisProvider {
     async fn check_eviction(&self) -> Result<()> {
         self.inner
             .eviction_checked
-            .get_or_try_init(|| async {
-                let node = &self.inner.node;
-                match eviction_policy(node).await? {
-                    Some(p) if p == "noeviction" => Ok(()),
-                    Some(p) if self.inner.allow_eviction => {
-                        tracing::warn!(server = %node.display, policy = %p, "Redis may evict keys (allowed by configuration): leases and fence counters are not safe under memory pressure");
-                        Ok(())
-                    }
-                    Some(p) => Err(LeaseError::Config(format!(
-                        "Redis at {} has maxmemory-policy {p}: it may evict live leases (two holders) and fence counters \
-                         (tokens go back). Set maxmemory-policy noeviction, or accept it with allow_eviction",
-                        node.display
-                    ))),
-                    None => {
-                        tracing::warn!(server = %node.display, "cannot read maxmemory-policy (CONFIG GET refused); make sure it is noeviction");
-                        Ok(())
-                    }
-                }
-            })
+            .get_or_try_init(|| check_eviction(&self.inner.node, self.inner.allow_eviction))
             .await
             .map(|_| ())
     }
@@ -338,8 +344,9 @@ impl LeaseProvider for RedisProvider {
             Ok(v) => v,
             Err(e) => {
                 // The script may still run (a frozen server runs what queued up
-                // when it thaws): cancel it so no lease nobody knows of is left.
-                if matches!(e, LeaseError::Timeout { .. }) {
+                // when it thaws), or may have run before the connection dropped:
+                // cancel it so no lease nobody knows of is left.
+                if e.is_transient() {
                     self.cancel_in_background(lease_key, owner, ttl, key);
                 }
                 return Err(e);

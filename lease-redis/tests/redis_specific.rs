@@ -361,6 +361,18 @@ async fn an_evicting_server_is_refused_unless_allowed_and_then_declared_volatile
         );
         allowed.release(&lease).await.unwrap();
     }
+    // Redlock checks every node: one evicting node of three is refused too.
+    let (a, c) = (owned_redis(false), owned_redis(false));
+    let b = owned_redis_with(
+        false,
+        &["--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lru"],
+    );
+    let rl = RedlockProvider::new(RedlockConfig::new([url(&a), url(&b), url(&c)])).unwrap();
+    let err = rl
+        .try_acquire(&key("eviction-redlock"), TTL)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LeaseError::Config(_)), "{err:?}");
 }
 
 /// A Redis 7 ACL user without channel permissions: watching fails, so a waiter
