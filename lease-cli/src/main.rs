@@ -36,6 +36,7 @@ const EXIT_LOST: u8 = 79;
 const EXIT_NOT_EXECUTABLE: u8 = 126;
 const EXIT_NOT_FOUND: u8 = 127;
 const EXIT_FREE: u8 = 3;
+const EXIT_SUPERVISOR: u8 = 70;
 
 const AFTER_HELP: &str = "\
 Exit codes:
@@ -369,50 +370,88 @@ async fn run(
         ("LEASE_TOKEN", token.to_string()),
     ];
     let mut supervisor =
-        match supervise::Supervisor::spawn(cmd, &env, grace, guard.lease().remaining()) {
+        match supervise::Supervisor::spawn(cmd, &env, grace, guard.lease().valid_until()) {
             Ok(s) => s,
             Err(e) => {
                 let _ = guard.release().await;
                 return fail(EXIT_USAGE, format!("cannot start {:?}: {e}", cmd[0]));
             }
         };
-    // Tell the supervisor how long the lease is surely held, after each renewal.
-    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    // Tell the supervisor until when the lease is surely held, soon after each
+    // renewal: within a tenth of the validity window.
+    let window = guard.lease().valid_until() - guard.lease().sent_at();
+    let mut tick = tokio::time::interval(
+        (window / 10).clamp(Duration::from_millis(2), Duration::from_millis(100)),
+    );
     let mut told = guard.lease().valid_until();
-    let mut signals = Signals::new();
-    let outcome = loop {
-        tokio::select! {
-            code = supervisor.wait() => break Ok(code),
-            reason = guard.lost() => break Err((EXIT_LOST, format!("lease on {key} (token {token}) lost: {reason}; stopping the command"))),
-            signal = signals.recv() => break Err((128 + signal.1, format!("got {}; stopping the command and releasing {key}", signal.0))),
-            _ = tick.tick() => {
-                let lease = guard.lease();
-                if lease.valid_until() != told {
-                    told = lease.valid_until();
-                    supervisor.valid_for(lease.remaining());
-                }
-            }
+    let mut forward = move |supervisor: &mut supervise::Supervisor, guard: &LeaseGuard| {
+        let until = guard.lease().valid_until();
+        if until != told {
+            told = until;
+            supervisor.valid_until(until);
         }
     };
-    let code = match outcome {
-        Ok(code) => code,
-        Err((exit, msg)) => {
+    // The command's process group, known before anything can kill the supervisor.
+    let mut group = None;
+    for _ in 0..200 {
+        group = supervisor.command_group();
+        if group.is_some() || supervisor.exited() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut signals = Signals::new();
+    let mut stopping: Option<(u8, String)> = None;
+    let exit = loop {
+        tokio::select! {
+            exit = supervisor.wait() => break exit,
+            reason = guard.lost(), if stopping.is_none() => {
+                stopping = Some((EXIT_LOST, format!("lease on {key} (token {token}) lost: {reason}; stopping the command")));
+            }
+            signal = signals.recv(), if stopping.is_none() => {
+                stopping = Some((128 + signal.1, format!("got {}; stopping the command and releasing {key}", signal.0)));
+            }
+            _ = tick.tick() => {
+                // Keep the renewals flowing, also while the command is stopping.
+                forward(&mut supervisor, &guard);
+                group = group.or_else(|| supervisor.command_group());
+                continue;
+            }
+        }
+        if let Some((_, msg)) = &stopping {
             eprintln!("lease: {msg}");
             supervisor.stop(grace);
-            let _ = supervisor.wait().await;
-            if exit != EXIT_LOST {
-                let _ = guard.release().await;
-            }
-            return ExitCode::from(exit);
         }
     };
-    let code = match code {
-        Ok(c) => c,
+    let code = match exit {
+        Ok(supervise::SupervisorExit::Code(c)) => c,
+        Ok(supervise::SupervisorExit::Killed(sig)) => {
+            // The supervisor was killed outright: its command may still run.
+            // Stop it before the lease is given up.
+            if let Some(g) = group.or_else(|| supervisor.command_group()) {
+                supervise::kill_group(g);
+            }
+            if !guard.is_lost() {
+                let _ = guard.release().await;
+            }
+            return fail(
+                EXIT_SUPERVISOR,
+                format!(
+                    "the supervisor of the command was killed by signal {sig}; the command's group was killed"
+                ),
+            );
+        }
         Err(e) => {
             eprintln!("lease: waiting for the command failed: {e}");
             1
         }
     };
+    if let Some((exit, _)) = stopping {
+        if exit != EXIT_LOST {
+            let _ = guard.release().await;
+        }
+        return ExitCode::from(exit);
+    }
     // Lost, or past local validity with the guard not yet told (lease was frozen).
     if guard.is_lost() || tokio::time::Instant::now() >= guard.lease().valid_until() {
         let reason = guard

@@ -8,13 +8,23 @@
 //! machine shares) and when to stop the command. The supervisor acts on its own
 //! when the holder goes away:
 //!
-//! - the pipe reaches end-of-file (the holder died, even by `kill -9`): SIGTERM
-//!   to the command's group at once, SIGKILL at the earlier of `grace` later and
-//!   the lease's local validity;
+//! - the pipe reaches end-of-file (the holder died, even by `kill -9`), the
+//!   holder says stop, or the supervisor itself gets SIGTERM, SIGINT or SIGHUP:
+//!   SIGTERM to the command's group at once, SIGKILL at the earlier of `grace`
+//!   later and the lease's local validity;
 //! - the last validity it was told passes without a newer one (the holder is
 //!   frozen or stuck): SIGKILL to the group;
 //! - the command exits: whatever it left running in its group is killed, since
 //!   the lease ends with the command; the supervisor exits with the command's code.
+//!
+//! If the supervisor itself is killed outright (SIGKILL), the holder kills the
+//! command's group before it releases the lease. When standard input is a
+//! terminal, the command's group is made the terminal's foreground group, so an
+//! interactive command can read it (and gets the terminal's Ctrl-C), and the
+//! previous foreground group is restored when it exits.
+//!
+//! Not covered: processes that leave the command's process group (`setsid`,
+//! shells with job control, daemons that double-fork) are outside its reach.
 //!
 //! So no process of the command's tree runs past the lease's local validity,
 //! whatever happens to the holder.
@@ -27,7 +37,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use nix::fcntl::{FcntlArg, FdFlag, OFlag, fcntl};
-use nix::sys::signal::{Signal, killpg};
+use nix::sys::signal::{SigSet, SigmaskHow, Signal, killpg, sigprocmask};
 use nix::time::{ClockId, clock_gettime};
 use nix::unistd::{Pid, pipe2};
 
@@ -44,6 +54,18 @@ pub fn deadline_ns(d: Duration) -> u128 {
     monotonic_ns().saturating_add(d.as_nanos())
 }
 
+/// `until` (a tokio instant) as a CLOCK_MONOTONIC deadline. The clock is read
+/// before the instant's distance, so a preemption in between can only make the
+/// deadline earlier, never later.
+pub fn deadline_of(until: tokio::time::Instant) -> u128 {
+    let now = monotonic_ns();
+    now.saturating_add(
+        until
+            .saturating_duration_since(tokio::time::Instant::now())
+            .as_nanos(),
+    )
+}
+
 /// The holder's side: the supervisor process and the pipe to it.
 pub struct Supervisor {
     child: tokio::process::Child,
@@ -57,7 +79,7 @@ impl Supervisor {
         cmd: &[String],
         env: &[(&str, String)],
         grace: Duration,
-        valid_for: Duration,
+        valid_until: tokio::time::Instant,
     ) -> std::io::Result<Self> {
         // The read end is inherited by the supervisor; the write end stays
         // here only (close-on-exec), so it closes when this process dies.
@@ -72,7 +94,7 @@ impl Supervisor {
             .arg("--grace-ms")
             .arg(grace.as_millis().to_string())
             .arg("--valid-until-ns")
-            .arg(deadline_ns(valid_for).to_string())
+            .arg(deadline_of(valid_until).to_string())
             .arg("--")
             .args(cmd)
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
@@ -94,9 +116,9 @@ impl Supervisor {
         }
     }
 
-    /// The lease is surely held for `valid_for` from now.
-    pub fn valid_for(&mut self, valid_for: Duration) {
-        self.send(&format!("valid {}\n", deadline_ns(valid_for)));
+    /// The lease is surely held until `until`.
+    pub fn valid_until(&mut self, until: tokio::time::Instant) {
+        self.send(&format!("valid {}\n", deadline_of(until)));
     }
 
     /// Stop the command: SIGTERM to its group now, SIGKILL after `grace`.
@@ -104,20 +126,105 @@ impl Supervisor {
         self.send(&format!("stop {}\n", grace.as_millis()));
     }
 
-    /// Waits for the supervisor, which exits with the command's code.
-    pub async fn wait(&mut self) -> std::io::Result<i32> {
-        let status = self.child.wait().await?;
-        Ok(status
-            .code()
-            .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+    /// The command's process group (its pid), once the supervisor started it.
+    pub fn command_group(&self) -> Option<Pid> {
+        let pid = self.child.id()?;
+        let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
+        children
+            .split_whitespace()
+            .next()
+            .and_then(|c| c.parse().ok())
+            .map(Pid::from_raw)
     }
+
+    /// True once the supervisor has exited (its status is kept for [`wait`](Self::wait)).
+    pub fn exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
+    }
+
+    /// Waits for the supervisor, which exits with the command's code.
+    pub async fn wait(&mut self) -> std::io::Result<SupervisorExit> {
+        let status = self.child.wait().await?;
+        Ok(match (status.code(), status.signal()) {
+            (Some(code), _) => SupervisorExit::Code(code),
+            (None, Some(sig)) => SupervisorExit::Killed(sig),
+            (None, None) => SupervisorExit::Code(1),
+        })
+    }
+}
+
+/// How the supervisor ended.
+pub enum SupervisorExit {
+    /// With the command's exit code (128 + N when the command died by signal N).
+    Code(i32),
+    /// Killed by signal N itself: the command may still be running.
+    Killed(i32),
+}
+
+/// Kills a process group outright.
+pub fn kill_group(group: Pid) {
+    let _ = killpg(group, Signal::SIGKILL);
 }
 
 enum Event {
     Valid(u128),
     Stop(Duration),
     HolderGone,
+    Signal,
     Exited(i32),
+}
+
+/// Forwards SIGTERM, SIGINT and SIGHUP to the supervisor's loop (a handler,
+/// not an ignored disposition, so the command does not inherit it).
+fn forward_signals(tx: mpsc::Sender<Event>) {
+    std::thread::spawn(move || {
+        use tokio::signal::unix::{SignalKind, signal};
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()
+        else {
+            return;
+        };
+        rt.block_on(async move {
+            let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
+                signal(SignalKind::terminate()),
+                signal(SignalKind::interrupt()),
+                signal(SignalKind::hangup()),
+            ) else {
+                return;
+            };
+            loop {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                    _ = hup.recv() => {}
+                }
+                if tx.send(Event::Signal).is_err() {
+                    return;
+                }
+            }
+        });
+    });
+}
+
+/// When standard input is a terminal: makes `group` its foreground process
+/// group (so the command can read it) and returns the group to restore after.
+fn take_terminal(group: Pid) -> Option<Pid> {
+    let stdin = std::io::stdin();
+    if !nix::unistd::isatty(&stdin).unwrap_or(false) {
+        return None;
+    }
+    // A background group changing the terminal's foreground gets SIGTTOU
+    // unless it blocks it; the command was started before this, so it does
+    // not inherit the mask.
+    let mut ttou = SigSet::empty();
+    ttou.add(Signal::SIGTTOU);
+    let _ = sigprocmask(SigmaskHow::SIG_BLOCK, Some(&ttou), None);
+    let previous = nix::unistd::tcgetpgrp(&stdin).ok()?;
+    nix::unistd::tcsetpgrp(&stdin, group).ok()?;
+    // It may have stopped on SIGTTIN before it had the terminal.
+    let _ = killpg(group, Signal::SIGCONT);
+    Some(previous)
 }
 
 /// The supervisor's side (`lease supervise`): runs `cmd` in a new process
@@ -135,6 +242,8 @@ pub fn supervise(fd: i32, grace: Duration, valid_until_ns: u128, cmd: &[String])
     let Some((program, args)) = cmd.split_first() else {
         return ExitCode::from(64);
     };
+    let (tx, rx) = mpsc::channel();
+    forward_signals(tx.clone());
     let mut child = match Command::new(program).args(args).process_group(0).spawn() {
         Ok(c) => c,
         Err(e) => {
@@ -147,7 +256,7 @@ pub fn supervise(fd: i32, grace: Duration, valid_until_ns: u128, cmd: &[String])
         }
     };
     let group = Pid::from_raw(i32::try_from(child.id()).unwrap_or(0));
-    let (tx, rx) = mpsc::channel();
+    let terminal = take_terminal(group);
     let from_pipe = tx.clone();
     std::thread::spawn(move || {
         for line in BufReader::new(pipe).lines() {
@@ -180,37 +289,44 @@ pub fn supervise(fd: i32, grace: Duration, valid_until_ns: u128, cmd: &[String])
         let _ = killpg(group, sig);
     };
     let mut valid_until = valid_until_ns;
-    // Once stopping: when SIGKILL follows the SIGTERM already sent.
-    let mut kill_at: Option<u128> = None;
-    loop {
-        let now = monotonic_ns();
-        let next = kill_at.unwrap_or(valid_until);
-        if now >= next {
-            signal(Signal::SIGKILL);
-            kill_at = Some(u128::MAX);
+    // Once stopping: the end of the grace period after the SIGTERM.
+    let mut grace_until: Option<u128> = None;
+    let mut killed = false;
+    let stop = |grace_until: &mut Option<u128>, g: Duration| {
+        if grace_until.is_none() {
+            signal(Signal::SIGTERM);
+            *grace_until = Some(deadline_ns(g));
         }
-        let wait = Duration::from_nanos(
-            u64::try_from(kill_at.unwrap_or(valid_until).saturating_sub(now)).unwrap_or(u64::MAX),
-        )
-        .min(Duration::from_secs(1));
+    };
+    loop {
+        // SIGKILL at local validity, or at the end of the grace, whichever is first.
+        let kill_at = grace_until.map_or(valid_until, |g| g.min(valid_until));
+        let now = monotonic_ns();
+        if now >= kill_at && !killed {
+            signal(Signal::SIGKILL);
+            killed = true;
+        }
+        let wait = if killed {
+            Duration::from_secs(1)
+        } else {
+            Duration::from_nanos(u64::try_from(kill_at.saturating_sub(now)).unwrap_or(u64::MAX))
+                .min(Duration::from_secs(1))
+        };
         match rx.recv_timeout(wait) {
             Ok(Event::Valid(ns)) => valid_until = ns,
-            Ok(Event::Stop(g)) => {
-                signal(Signal::SIGTERM);
-                kill_at.get_or_insert(deadline_ns(g));
-            }
-            Ok(Event::HolderGone) => {
-                signal(Signal::SIGTERM);
-                kill_at.get_or_insert(deadline_ns(grace).min(valid_until));
-            }
+            Ok(Event::Stop(g)) => stop(&mut grace_until, g),
+            Ok(Event::HolderGone | Event::Signal) => stop(&mut grace_until, grace),
             Ok(Event::Exited(code)) => {
                 // The lease ends with the command: nothing it left behind may
                 // keep running without it.
                 signal(Signal::SIGKILL);
+                if let Some(previous) = terminal {
+                    let _ = nix::unistd::tcsetpgrp(std::io::stdin(), previous);
+                }
                 return ExitCode::from(u8::try_from(code.clamp(0, 255)).unwrap_or(1));
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {}
-            Err(mpsc::RecvTimeoutError::Disconnected) => return ExitCode::from(1),
+            Err(mpsc::RecvTimeoutError::Disconnected) => return ExitCode::from(70),
         }
     }
 }

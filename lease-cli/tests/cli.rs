@@ -666,3 +666,95 @@ fn conformance_fails_fast_on_an_unreachable_store_and_reports_json() {
     assert_eq!(json["passed"], lease_conformance::CASES.len(), "{json}");
     assert_eq!(json["failed"], 0, "{json}");
 }
+
+/// The supervisor is killed outright (SIGKILL): `lease` kills the command's
+/// group itself before it gives the lease up, and says so (exit 70).
+#[test]
+fn a_killed_supervisor_takes_the_command_with_it() {
+    let store = shared("redis");
+    let key = unique("cli-supervisor-killed");
+    let dir = TempDir::new("lease-cli");
+    let pidfile = dir.path().join("pid");
+    let script = format!("echo $$ > {}; exec sleep 120", pidfile.display());
+    let mut run = run_args(&store, &key, "30s", &[], &["sh", "-c", &script])
+        .spawn()
+        .unwrap();
+    let cmd_pid = wait_for_file(&pidfile, Duration::from_secs(20));
+    let children =
+        std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", run.id())).unwrap();
+    let supervisor: u32 = children.split_whitespace().next().unwrap().parse().unwrap();
+    signal(supervisor, "KILL");
+    assert_eq!(wait_exit(&mut run, Duration::from_secs(20)), Some(70));
+    assert!(!alive(&cmd_pid), "the command outlived its supervisor");
+    let next = output(run_args(&store, &key, "30s", &[], &["true"]));
+    assert_eq!(next.status.code(), Some(0), "released: {next:?}");
+}
+
+/// A frozen `lease` (SIGSTOP) stops renewing; the supervisor kills a command
+/// that ignores SIGTERM by the lease's local validity, however long --grace is.
+#[test]
+fn a_frozen_holder_cannot_keep_a_command_past_validity() {
+    let store = shared("redis");
+    let key = unique("cli-frozen-holder");
+    let dir = TempDir::new("lease-cli");
+    let pidfile = dir.path().join("pid");
+    let script = format!(
+        "trap '' TERM; echo $$ > {}; while :; do sleep 0.05; done",
+        pidfile.display()
+    );
+    let mut run = run_args(
+        &store,
+        &key,
+        "1s",
+        &["--grace", "60s"],
+        &["sh", "-c", &script],
+    )
+    .spawn()
+    .unwrap();
+    let cmd_pid = wait_for_file(&pidfile, Duration::from_secs(20));
+    signal(run.id(), "STOP");
+    let frozen = Instant::now();
+    while alive(&cmd_pid) {
+        assert!(
+            frozen.elapsed() < Duration::from_secs(1),
+            "the command ran {:?} past the freeze of a 1 s lease",
+            frozen.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    signal(run.id(), "CONT");
+    assert_eq!(wait_exit(&mut run, Duration::from_secs(20)), Some(LOST));
+}
+
+/// The lease is lost (the store stops) while the command ignores SIGTERM and
+/// --grace is long: SIGKILL comes at local validity, not after the grace.
+#[test]
+fn a_lost_lease_kills_a_stubborn_command_by_validity_not_grace() {
+    let (mut servers, store) = private("redis");
+    let key = unique("cli-stubborn");
+    let dir = TempDir::new("lease-cli");
+    let pidfile = dir.path().join("pid");
+    let script = format!(
+        "trap '' TERM; echo $$ > {}; while :; do sleep 0.05; done",
+        pidfile.display()
+    );
+    let mut run = run_args(
+        &store,
+        &key,
+        "1s",
+        &["--wait", "20s", "--grace", "60s"],
+        &["sh", "-c", &script],
+    )
+    .spawn()
+    .unwrap();
+    let cmd_pid = wait_for_file(&pidfile, Duration::from_secs(30));
+    servers[0].stop();
+    let stopped = Instant::now();
+    assert_eq!(wait_exit(&mut run, Duration::from_secs(20)), Some(LOST));
+    assert!(
+        stopped.elapsed() < Duration::from_secs(3),
+        "lease exited {:?} after the store stopped (TTL 1 s, grace 60 s)",
+        stopped.elapsed()
+    );
+    assert!(!alive(&cmd_pid), "the stubborn command survived");
+}
