@@ -125,6 +125,11 @@ impl std::fmt::Debug for PostgresProvider {
     }
 }
 
+/// How long the LISTEN connection may stay quiet before it is checked with a
+/// query: a connection whose peer vanished without a reset would otherwise
+/// miss every release until the process restarts.
+const LISTEN_HEARTBEAT: Duration = Duration::from_secs(15);
+
 fn is_unavailable(e: &sqlx::Error) -> bool {
     matches!(
         e,
@@ -438,7 +443,21 @@ impl PostgresProvider {
                     }
                     continue;
                 };
-                match l.try_recv().await {
+                let received = match tokio::time::timeout(LISTEN_HEARTBEAT, l.try_recv()).await {
+                    Ok(r) => r,
+                    // Quiet for a while: make sure the connection is alive (a
+                    // peer that vanished without a reset would leave try_recv
+                    // waiting forever, and every release unannounced).
+                    Err(_) => {
+                        let ping =
+                            tokio::time::timeout(limit, sqlx::query("SELECT 1").execute(&mut *l));
+                        match ping.await {
+                            Ok(Ok(_)) => continue,
+                            _ => Ok(None),
+                        }
+                    }
+                };
+                match received {
                     Ok(Some(n)) => hub.wake(n.payload()),
                     // The connection broke. Reconnect ourselves (not inside
                     // sqlx), so the wake-up comes after LISTEN is active again.
