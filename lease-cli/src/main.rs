@@ -133,6 +133,54 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Acquire KEY and print the lease for a script: shell assignments of
+    /// LEASE_KEY, LEASE_TOKEN, LEASE_OWNER, LEASE_HANDLE (for `eval`), or JSON.
+    /// Nobody renews it: extend it before its TTL ends, release it when done.
+    /// Exit 0 acquired, 75 not acquired.
+    Acquire {
+        /// The key to lease.
+        #[arg(long)]
+        key: String,
+        /// The lease TTL. Default: the configuration's default_ttl.
+        #[arg(long, value_parser = duration)]
+        ttl: Option<Duration>,
+        /// How long to wait for the key if it is held ("forever" waits forever).
+        #[arg(long, value_parser = wait_duration, default_value = "0s")]
+        wait: Duration,
+        /// Print JSON instead of shell assignments.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Extend a lease printed by `acquire` (read from LEASE_* variables or
+    /// flags) to store-now + TTL. Exit 0 extended, 79 no longer held.
+    Extend {
+        #[command(flatten)]
+        lease: HeldLease,
+        /// The new TTL. Default: the configuration's default_ttl.
+        #[arg(long, value_parser = duration)]
+        ttl: Option<Duration>,
+    },
+    /// Release a lease printed by `acquire`. Exit 0 released, 79 not held.
+    Release {
+        #[command(flatten)]
+        lease: HeldLease,
+    },
+    /// Exit 0 only while TOKEN is the current holder's token of KEY, 79 otherwise.
+    /// A pre-commit check for scripts; not a substitute for fencing the write
+    /// itself with the token, since the lease can end right after the check.
+    Check {
+        /// The key.
+        #[arg(long, env = "LEASE_KEY")]
+        key: String,
+        /// The token that should hold it.
+        #[arg(long, env = "LEASE_TOKEN")]
+        token: u64,
+    },
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
     /// Internal: the supervisor `lease run` starts between itself and the command.
     #[command(hide = true)]
     Supervise {
@@ -145,6 +193,58 @@ enum Command {
         #[arg(required = true, last = true)]
         cmd: Vec<String>,
     },
+}
+
+/// A lease printed by `lease acquire`, from flags or its LEASE_* variables.
+#[derive(clap::Args)]
+struct HeldLease {
+    /// The key.
+    #[arg(long, env = "LEASE_KEY")]
+    key: String,
+    /// The fencing token.
+    #[arg(long, env = "LEASE_TOKEN")]
+    token: u64,
+    /// The owner id (32 hex digits).
+    #[arg(long, env = "LEASE_OWNER")]
+    owner: String,
+    /// The backend's handle (etcd lease id).
+    #[arg(long, env = "LEASE_HANDLE", default_value_t = 0)]
+    handle: u64,
+}
+
+impl HeldLease {
+    fn lease(&self, ttl: Duration) -> Result<lease::Lease, LeaseError> {
+        let owner = lease::OwnerId::from_hex(&self.owner).ok_or_else(|| {
+            LeaseError::Config(format!("owner {:?} is not 32 hex digits", self.owner))
+        })?;
+        Ok(lease::Lease::new(
+            LeaseKey::new(self.key.as_str())?,
+            lease::FencingToken(self.token),
+            owner,
+            ttl,
+            tokio::time::Instant::now(),
+        )
+        .with_handle(self.handle))
+    }
+}
+
+/// Single-quotes `s` for a POSIX shell.
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+/// A provider whose leases outlive this process: a lease printed by `acquire`
+/// must still be there for `extend` and `release` in another process.
+fn detachable_store(config: &StoreConfig) -> Result<Arc<dyn LeaseProvider>, LeaseError> {
+    let provider = shared_store(config)?;
+    if provider.capabilities().holder_session.is_some() {
+        return Err(LeaseError::Config(format!(
+            "{} leases end with the session of the process that took them, so a lease cannot outlive \
+             `lease acquire`; use `lease run`",
+            provider.capabilities().backend
+        )));
+    }
+    Ok(provider)
 }
 
 fn wait_duration(s: &str) -> Result<Duration, String> {
@@ -254,6 +354,11 @@ fn main() -> ExitCode {
     {
         return supervise::supervise(*fd, Duration::from_millis(*grace_ms), *valid_until_ns, cmd);
     }
+    if let Command::Completions { shell } = &cli.command {
+        use clap::CommandFactory;
+        clap_complete::generate(*shell, &mut Cli::command(), "lease", &mut std::io::stdout());
+        return ExitCode::SUCCESS;
+    }
     let default_level = match cli.verbose {
         0 => "warn",
         1 => "info",
@@ -308,7 +413,18 @@ async fn async_main(cli: Cli) -> ExitCode {
         }
         Command::Status { key, json } => status(&config, &key, json).await,
         Command::Conformance { json } => conformance(&config, json).await,
-        Command::Supervise { .. } => ExitCode::from(EXIT_USAGE),
+        Command::Acquire {
+            key,
+            ttl,
+            wait,
+            json,
+        } => script_acquire(&config, &key, ttl.unwrap_or(config.default_ttl), wait, json).await,
+        Command::Extend { lease, ttl } => {
+            script_extend(&config, &lease, ttl.unwrap_or(config.default_ttl)).await
+        }
+        Command::Release { lease } => script_release(&config, &lease).await,
+        Command::Check { key, token } => script_check(&config, &key, token).await,
+        Command::Completions { .. } | Command::Supervise { .. } => ExitCode::from(EXIT_USAGE),
     }
 }
 
@@ -466,6 +582,106 @@ async fn run(
     }
     end_after_min_hold(&provider, guard, acquired_at, min_hold).await;
     ExitCode::from(u8::try_from(code.clamp(0, 255)).unwrap_or(1))
+}
+
+fn print_lease(lease: &lease::Lease, json: bool) {
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "key": lease.key().as_str(),
+                "token": lease.token().get(),
+                "owner": lease.owner().to_hex(),
+                "handle": lease.handle(),
+                "ttl_ms": u64::try_from(lease.ttl().as_millis()).unwrap_or(u64::MAX),
+                "valid_for_ms": u64::try_from(lease.remaining().as_millis()).unwrap_or(u64::MAX),
+            })
+        );
+    } else {
+        println!("LEASE_KEY={}", shell_quote(lease.key().as_str()));
+        println!("LEASE_TOKEN={}", lease.token());
+        println!("LEASE_OWNER={}", lease.owner().to_hex());
+        println!("LEASE_HANDLE={}", lease.handle());
+        println!("export LEASE_KEY LEASE_TOKEN LEASE_OWNER LEASE_HANDLE");
+    }
+}
+
+async fn script_acquire(
+    config: &StoreConfig,
+    key: &str,
+    ttl: Duration,
+    wait: Duration,
+    json: bool,
+) -> ExitCode {
+    let (provider, key) = match detachable_store(config).and_then(|p| Ok((p, LeaseKey::new(key)?)))
+    {
+        Ok(v) => v,
+        Err(e) => return fail(error_code(&e), describe(&e)),
+    };
+    match acquire(&provider, &key, ttl, wait).await {
+        Ok(Some(lease)) => {
+            print_lease(&lease, json);
+            ExitCode::SUCCESS
+        }
+        Ok(None) => fail(
+            EXIT_NOT_ACQUIRED,
+            format!("{key} is held by someone else; not acquired"),
+        ),
+        Err(e) => fail(error_code(&e), describe(&e)),
+    }
+}
+
+fn lease_code(e: &LeaseError) -> u8 {
+    if e.is_not_held() {
+        EXIT_LOST
+    } else {
+        error_code(e)
+    }
+}
+
+async fn script_extend(config: &StoreConfig, held: &HeldLease, ttl: Duration) -> ExitCode {
+    let (provider, lease) = match detachable_store(config).and_then(|p| Ok((p, held.lease(ttl)?))) {
+        Ok(v) => v,
+        Err(e) => return fail(error_code(&e), describe(&e)),
+    };
+    match provider.extend(&lease, ttl).await {
+        Ok(lease) => {
+            print_lease(&lease, false);
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(lease_code(&e), describe(&e)),
+    }
+}
+
+async fn script_release(config: &StoreConfig, held: &HeldLease) -> ExitCode {
+    let (provider, lease) =
+        match detachable_store(config).and_then(|p| Ok((p, held.lease(config.default_ttl)?))) {
+            Ok(v) => v,
+            Err(e) => return fail(error_code(&e), describe(&e)),
+        };
+    match provider.release(&lease).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(lease_code(&e), describe(&e)),
+    }
+}
+
+async fn script_check(config: &StoreConfig, key: &str, token: u64) -> ExitCode {
+    let (provider, key) = match shared_store(config).and_then(|p| Ok((p, LeaseKey::new(key)?))) {
+        Ok(v) => v,
+        Err(e) => return fail(error_code(&e), describe(&e)),
+    };
+    match provider.inspect(&key).await {
+        Ok(Some(i)) if i.token.get() == token => ExitCode::SUCCESS,
+        Ok(Some(i)) => fail(
+            EXIT_LOST,
+            format!("{key} is held under token {}, not {token}", i.token),
+        ),
+        Ok(None) => fail(
+            EXIT_LOST,
+            format!("{key} is free; token {token} does not hold it"),
+        ),
+        Err(e) => fail(error_code(&e), describe(&e)),
+    }
 }
 
 /// SIGTERM, SIGINT and SIGHUP, registered once for the whole run.

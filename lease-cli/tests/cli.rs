@@ -758,3 +758,82 @@ fn a_lost_lease_kills_a_stubborn_command_by_validity_not_grace() {
     );
     assert!(!alive(&cmd_pid), "the stubborn command survived");
 }
+
+/// `acquire`, `check`, `extend` and `release` hand a lease between separate
+/// commands of a script through its LEASE_* variables.
+#[test]
+fn scripts_acquire_check_extend_and_release_a_lease() {
+    let store = shared("redis");
+    let key = unique("cli-script");
+    let cli = |args: &[&str], env: &[(String, String)]| {
+        output({
+            let mut c = lease();
+            c.args(["--store", &store]).args(args);
+            for (k, v) in env {
+                c.env(k, v);
+            }
+            c
+        })
+    };
+    let out = cli(&["acquire", "--key", &key, "--ttl", "30s"], &[]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let env: Vec<(String, String)> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.trim_matches('\'').to_owned()))
+        .collect();
+    let token = env
+        .iter()
+        .find(|(k, _)| k == "LEASE_TOKEN")
+        .unwrap()
+        .1
+        .clone();
+    assert_eq!(env.iter().find(|(k, _)| k == "LEASE_KEY").unwrap().1, key);
+    let again = cli(&["acquire", "--key", &key], &[]);
+    assert_eq!(again.status.code(), Some(NOT_ACQUIRED), "{again:?}");
+    assert_eq!(cli(&["check"], &env).status.code(), Some(0));
+    let wrong = (token.parse::<u64>().unwrap() + 1).to_string();
+    assert_eq!(
+        cli(&["check", "--key", &key, "--token", &wrong], &[])
+            .status
+            .code(),
+        Some(LOST)
+    );
+    let extended = cli(&["extend", "--ttl", "60s"], &env);
+    assert_eq!(extended.status.code(), Some(0), "{extended:?}");
+    assert_eq!(cli(&["release"], &env).status.code(), Some(0));
+    assert_eq!(
+        cli(&["release"], &env).status.code(),
+        Some(LOST),
+        "double release"
+    );
+    assert_eq!(
+        cli(&["check"], &env).status.code(),
+        Some(LOST),
+        "free after release"
+    );
+    // Leases that end with the process's session cannot be handed on.
+    let zk = output({
+        let mut c = lease();
+        c.args(["--store", &shared("zk"), "acquire", "--key", &key]);
+        c
+    });
+    assert_eq!(zk.status.code(), Some(64), "{zk:?}");
+    assert!(
+        String::from_utf8_lossy(&zk.stderr).contains("session"),
+        "{zk:?}"
+    );
+}
+
+#[test]
+fn completions_and_version_are_printed() {
+    for args in [&["completions", "bash"][..], &["--version"][..]] {
+        let out = output({
+            let mut c = lease();
+            c.args(args);
+            c
+        });
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {out:?}");
+        assert!(!out.stdout.is_empty(), "{args:?}");
+    }
+}
