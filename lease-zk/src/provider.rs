@@ -433,9 +433,22 @@ impl ZkProvider {
         if let Err(e) = built {
             return Err(self.map_err(e));
         }
-        let results = self
+        let results = match self
             .bounded("acquire", async { w.commit().await.map_err(multi_err) })
-            .await?;
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                // The multi may still commit: requests of one session run in
+                // order, so an owner-guarded delete sent now runs after it.
+                self.remove_if_ours_in_background(
+                    client.clone(),
+                    paths.holder.clone(),
+                    data.to_vec(),
+                );
+                return Err(e);
+            }
+        };
         // ZooKeeper does not return the created node's stat from a multi, but
         // every op of a multi commits in one transaction: the key node's new
         // mzxid IS the holder node's czxid.
@@ -448,6 +461,23 @@ impl ZkProvider {
                 })
                 .ok_or_else(|| ZkError::UnexpectedError("multi returned no set-data result".into()))
         }))
+    }
+
+    /// Deletes the holder node if it carries `data` (our owner), after a claim
+    /// whose outcome is unknown; in the background, on the same session.
+    fn remove_if_ours_in_background(&self, client: Client, holder: String, data: Vec<u8>) {
+        let limit = self.inner.config.session_timeout;
+        tokio::spawn(async move {
+            let cleanup = async {
+                if let Ok((current, stat)) = client.get_data(&holder).await
+                    && current == data
+                {
+                    let _ = client.delete(&holder, Some(stat.version)).await;
+                    tracing::info!(node = %holder, "removed the holder node of an acquire that had timed out");
+                }
+            };
+            let _ = tokio::time::timeout(limit, cleanup).await;
+        });
     }
 
     /// The holder node's data and stat and the key node's version (the epoch),
@@ -622,8 +652,11 @@ impl LeaseProvider for ZkProvider {
             return Err(lost());
         };
         let expires = stat.mtime + i64::try_from(old_ttl.as_millis()).unwrap_or(i64::MAX);
+        // The node must live on the session we renew through: a node left on
+        // an older session of ours dies with that session, whatever we extend.
         if owner != lease.owner()
             || u64::try_from(stat.czxid).ok() != Some(lease.token().get())
+            || stat.ephemeral_owner != client.session_id().0
             || now >= expires
         {
             return Err(lost());

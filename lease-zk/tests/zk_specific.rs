@@ -204,3 +204,37 @@ async fn bad_configuration_is_refused() {
         Err(LeaseError::Config(_))
     ));
 }
+
+/// ZooKeeper frozen (SIGSTOP) mid-acquire: the call times out, the server runs
+/// the queued claim when it thaws, and the owner-guarded delete the provider
+/// queued behind it on the same session removes it: no lease nobody knows of.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_acquire_on_a_frozen_server_leaves_no_lease() {
+    let zk = owned_zk();
+    let p = ZkProvider::new(on_port(zk.port())).unwrap();
+    let checker = ZkProvider::new(on_port(zk.port())).unwrap();
+    let k = LeaseKey::new("frozen").unwrap();
+    // Connected, with the key node in place.
+    let warm = until_ok(|| p.try_acquire(&k, TTL))
+        .await
+        .into_lease()
+        .unwrap();
+    p.release(&warm).await.unwrap();
+    assert!(until_ok(|| checker.inspect(&k)).await.is_none());
+    zk.freeze();
+    let err = p.try_acquire(&k, TTL).await.unwrap_err();
+    assert!(err.is_transient(), "{err:?}");
+    zk.thaw();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let held = until_ok(|| checker.inspect(&k)).await;
+        if held.is_none() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a lease from the timed-out acquire is still held: {held:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
