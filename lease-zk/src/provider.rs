@@ -167,6 +167,8 @@ fn unavailable(e: &ZkError) -> bool {
             | ZkError::SessionExpired
             | ZkError::SessionMoved
             | ZkError::Throttled
+            // The client's own "no response from connection" and the like.
+            | ZkError::Custom(_)
     )
 }
 
@@ -466,17 +468,28 @@ impl ZkProvider {
     /// Deletes the holder node if it carries `data` (our owner), after a claim
     /// whose outcome is unknown; in the background, on the same session.
     fn remove_if_ours_in_background(&self, client: Client, holder: String, data: Vec<u8>) {
-        let limit = self.inner.config.session_timeout;
+        // The claim may also run when the connection was dropped and the
+        // session resumes: look again until the session could have expired.
+        let until = Instant::now() + self.inner.config.session_timeout;
         tokio::spawn(async move {
-            let cleanup = async {
-                if let Ok((current, stat)) = client.get_data(&holder).await
+            while Instant::now() < until {
+                let look =
+                    tokio::time::timeout(Duration::from_secs(1), client.get_data(&holder)).await;
+                if let Ok(Ok((current, stat))) = look
                     && current == data
                 {
-                    let _ = client.delete(&holder, Some(stat.version)).await;
-                    tracing::info!(node = %holder, "removed the holder node of an acquire that had timed out");
+                    if let Ok(Ok(())) = tokio::time::timeout(
+                        Duration::from_secs(1),
+                        client.delete(&holder, Some(stat.version)),
+                    )
+                    .await
+                    {
+                        tracing::info!(node = %holder, "removed the holder node of an acquire that had timed out");
+                        return;
+                    }
                 }
-            };
-            let _ = tokio::time::timeout(limit, cleanup).await;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
         });
     }
 
