@@ -477,16 +477,14 @@ impl ZkProvider {
                     tokio::time::timeout(Duration::from_secs(1), client.get_data(&holder)).await;
                 if let Ok(Ok((current, stat))) = look
                     && current == data
-                {
-                    if let Ok(Ok(())) = tokio::time::timeout(
+                    && let Ok(Ok(())) = tokio::time::timeout(
                         Duration::from_secs(1),
                         client.delete(&holder, Some(stat.version)),
                     )
                     .await
-                    {
-                        tracing::info!(node = %holder, "removed the holder node of an acquire that had timed out");
-                        return;
-                    }
+                {
+                    tracing::info!(node = %holder, "removed the holder node of an acquire that had timed out");
+                    return;
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
