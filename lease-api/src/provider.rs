@@ -63,6 +63,14 @@ pub trait LeaseProvider: Send + Sync + fmt::Debug {
         let _ = key;
         Ok(Box::new(SleepWatch))
     }
+
+    /// Waits, up to `limit`, for background work that keeps the store clean,
+    /// such as cancelling an acquire that timed out but may still run. Call it
+    /// before a short-lived process exits (the `lease` command does). Default:
+    /// nothing to wait for.
+    async fn flush(&self, limit: Duration) {
+        let _ = limit;
+    }
 }
 
 /// A registered interest in one key, returned by [`LeaseProvider::watch`].

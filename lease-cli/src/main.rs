@@ -37,6 +37,9 @@ const EXIT_NOT_EXECUTABLE: u8 = 126;
 const EXIT_NOT_FOUND: u8 = 127;
 const EXIT_FREE: u8 = 3;
 const EXIT_SUPERVISOR: u8 = 70;
+/// How long `lease` waits at exit for background clean-ups (cancels of
+/// acquires that timed out but may still run).
+const FLUSH_LIMIT: Duration = Duration::from_secs(5);
 
 const AFTER_HELP: &str = "\
 Exit codes:
@@ -460,7 +463,12 @@ async fn run(
     if let Err(e) = provider.capabilities().grant_ttl(ttl) {
         return fail(EXIT_USAGE, describe(&e));
     }
-    let lease = match acquire(&provider, &key, ttl, wait).await {
+    let acquired = acquire(&provider, &key, ttl, wait).await;
+    if !matches!(acquired, Ok(Some(_))) {
+        // An attempt that timed out may have left a cancel in flight.
+        provider.flush(FLUSH_LIMIT).await;
+    }
+    let lease = match acquired {
         Ok(Some(lease)) => lease,
         Ok(None) => {
             let holder = match provider.inspect(&key).await {
@@ -581,6 +589,7 @@ async fn run(
         );
     }
     end_after_min_hold(&provider, guard, acquired_at, min_hold).await;
+    provider.flush(FLUSH_LIMIT).await;
     ExitCode::from(u8::try_from(code.clamp(0, 255)).unwrap_or(1))
 }
 
@@ -618,7 +627,9 @@ async fn script_acquire(
         Ok(v) => v,
         Err(e) => return fail(error_code(&e), describe(&e)),
     };
-    match acquire(&provider, &key, ttl, wait).await {
+    let acquired = acquire(&provider, &key, ttl, wait).await;
+    provider.flush(FLUSH_LIMIT).await;
+    match acquired {
         Ok(Some(lease)) => {
             print_lease(&lease, json);
             ExitCode::SUCCESS

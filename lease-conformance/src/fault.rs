@@ -75,6 +75,9 @@ impl LeaseProvider for Partition {
         self.check()?;
         self.inner.watch(key).await
     }
+    async fn flush(&self, limit: Duration) {
+        self.inner.flush(limit).await;
+    }
 }
 
 /// Wraps a provider, counts its store calls, and can make [`watch`](LeaseProvider::watch)
@@ -137,5 +140,8 @@ impl LeaseProvider for Instrumented {
             });
         }
         self.inner.watch(key).await
+    }
+    async fn flush(&self, limit: Duration) {
+        self.inner.flush(limit).await;
     }
 }

@@ -80,6 +80,8 @@ impl RedlockConfig {
 struct Inner {
     nodes: Vec<Node>,
     allow_eviction: bool,
+    /// Cancels on nodes still running (see `flush`).
+    cleanups: tokio_util::task::TaskTracker,
     /// Per node: its eviction policy was checked (once it answered).
     eviction_checked: Vec<std::sync::atomic::AtomicBool>,
     response_timeout: Duration,
@@ -192,6 +194,7 @@ impl RedlockProvider {
         Ok(RedlockProvider {
             inner: Arc::new(Inner {
                 allow_eviction: config.allow_eviction,
+                cleanups: tokio_util::task::TaskTracker::new(),
                 eviction_checked: nodes
                     .iter()
                     .map(|_| std::sync::atomic::AtomicBool::new(false))
@@ -318,7 +321,7 @@ impl RedlockProvider {
     ) {
         let inner = Arc::clone(&self.inner);
         let key = key.as_str().to_owned();
-        tokio::spawn(async move {
+        self.inner.cleanups.spawn(async move {
             inner.nodes[i]
                 .cancel_until_done(&lease_key, &owner_hex, ttl, &inner.channel, &key)
                 .await;
@@ -655,6 +658,13 @@ impl LeaseProvider for RedlockProvider {
             }
         }
         Ok(None)
+    }
+
+    async fn flush(&self, limit: Duration) {
+        let tracker = &self.inner.cleanups;
+        tracker.close();
+        let _ = tokio::time::timeout(limit, tracker.wait()).await;
+        tracker.reopen();
     }
 
     async fn watch(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {

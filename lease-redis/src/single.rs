@@ -177,6 +177,8 @@ struct Inner {
     allow_eviction: bool,
     /// The eviction check, made once before the first acquire.
     eviction_checked: tokio::sync::OnceCell<()>,
+    /// Cancels of timed-out acquires still running (see `flush`).
+    cleanups: tokio_util::task::TaskTracker,
     namespace: String,
     ns_encoded: String,
     channel: String,
@@ -225,6 +227,7 @@ impl RedisProvider {
                 node,
                 allow_eviction: config.allow_eviction,
                 eviction_checked: tokio::sync::OnceCell::new(),
+                cleanups: tokio_util::task::TaskTracker::new(),
                 channel: release_channel(&ns_encoded),
                 ns_encoded,
                 namespace: config.namespace,
@@ -290,7 +293,7 @@ impl RedisProvider {
     ) {
         let this = self.clone();
         let key = key.as_str().to_owned();
-        tokio::spawn(async move {
+        self.inner.cleanups.spawn(async move {
             this.inner
                 .node
                 .cancel_until_done(&lease_key, &owner.to_hex(), ttl, &this.inner.channel, &key)
@@ -446,6 +449,13 @@ impl LeaseProvider for RedisProvider {
             },
             other => Err(unexpected("inspect", &other)),
         }
+    }
+
+    async fn flush(&self, limit: Duration) {
+        let tracker = &self.inner.cleanups;
+        tracker.close();
+        let _ = tokio::time::timeout(limit, tracker.wait()).await;
+        tracker.reopen();
     }
 
     async fn watch(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {

@@ -20,6 +20,20 @@ fn provider(p: &OwnedProcess) -> RedisProvider {
     RedisProvider::new(RedisConfig::new(url(p)).timeouts(TIMEOUT, TIMEOUT)).unwrap()
 }
 
+/// A plain connection for test set-up, retried while a fresh server settles.
+async fn admin_connection(server: &OwnedProcess) -> redis::aio::MultiplexedConnection {
+    let client = redis::Client::open(url(server)).unwrap();
+    let mut last = None;
+    for _ in 0..50 {
+        match client.get_multiplexed_async_connection().await {
+            Ok(c) => return c,
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("no connection to the private Redis: {last:?}");
+}
+
 fn key(s: &str) -> LeaseKey {
     LeaseKey::new(unique(s)).unwrap()
 }
@@ -180,8 +194,7 @@ async fn waiter_gets_the_key_promptly_when_the_subscriber_is_killed() {
         .unwrap();
     let (w, k2) = (Arc::clone(&waiter_p), k.clone());
     let waiter = tokio::spawn(async move { acquire(&w, &k2, TTL, TTL).await });
-    let admin = redis::Client::open(url(&server)).unwrap();
-    let mut conn = admin.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = admin_connection(&server).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let killed: i64 = redis::cmd("CLIENT")
@@ -381,8 +394,7 @@ async fn an_evicting_server_is_refused_unless_allowed_and_then_declared_volatile
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_without_channel_permissions_acquires_waits_and_releases() {
     let server = owned_redis(false);
-    let admin = redis::Client::open(url(&server)).unwrap();
-    let mut conn = admin.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = admin_connection(&server).await;
     let _: () = redis::cmd("ACL")
         .arg(&[
             "SETUSER",
@@ -537,4 +549,39 @@ async fn redlock_with_a_frozen_node_closes_rounds_at_a_majority() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// `flush` waits for the cancel of a timed-out acquire: a short-lived process
+/// (the `lease` command) that flushes before exiting leaves no ghost behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flush_waits_for_the_cancel_of_a_timed_out_acquire() {
+    let server = Arc::new(owned_redis(false));
+    let p = provider(&server);
+    let k = key("flush");
+    let warm = p
+        .try_acquire(&key("warm"), TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    p.release(&warm).await.unwrap();
+    server.freeze();
+    assert!(p.try_acquire(&k, Duration::from_secs(60)).await.is_err());
+    let thaw = Arc::clone(&server);
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        thaw.thaw();
+    });
+    let started = Instant::now();
+    p.flush(Duration::from_secs(10)).await;
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(400),
+        "flush returned after {took:?}, before the cancel could run"
+    );
+    assert!(took < Duration::from_secs(8), "flush took {took:?}");
+    assert!(
+        provider(&server).inspect(&k).await.unwrap().is_none(),
+        "the cancel ran before flush returned"
+    );
 }

@@ -95,6 +95,8 @@ struct Inner {
     asked_caps: Capabilities,
     /// Declared once a session exists, with the timeout the server granted.
     granted_caps: std::sync::OnceLock<Capabilities>,
+    /// Clean-ups of timed-out acquires still running (see `flush`).
+    cleanups: tokio_util::task::TaskTracker,
     /// The last server-clock sample, shared by every caller (see `shared_now`).
     clock: tokio::sync::Mutex<Option<ClockSample>>,
 }
@@ -221,6 +223,7 @@ impl ZkProvider {
                 asked_caps: caps,
                 granted_caps: std::sync::OnceLock::new(),
                 clock: tokio::sync::Mutex::new(None),
+                cleanups: tokio_util::task::TaskTracker::new(),
             }),
         })
     }
@@ -471,7 +474,7 @@ impl ZkProvider {
         // The claim may also run when the connection was dropped and the
         // session resumes: look again until the session could have expired.
         let until = Instant::now() + self.inner.config.session_timeout;
-        tokio::spawn(async move {
+        self.inner.cleanups.spawn(async move {
             while Instant::now() < until {
                 let look =
                     tokio::time::timeout(Duration::from_secs(1), client.get_data(&holder)).await;
@@ -772,6 +775,13 @@ impl LeaseProvider for ZkProvider {
             remaining: Duration::from_millis(u64::try_from(expires - now).unwrap_or(0)).min(ttl),
             owner: Some(owner),
         }))
+    }
+
+    async fn flush(&self, limit: Duration) {
+        let tracker = &self.inner.cleanups;
+        tracker.close();
+        let _ = tokio::time::timeout(limit, tracker.wait()).await;
+        tracker.reopen();
     }
 
     async fn watch(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {
