@@ -1,6 +1,7 @@
 //! Tokens, owner ids, leases and what `inspect` reports.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -98,11 +99,14 @@ pub struct Lease {
     sent_at: Instant,
     valid_until: Instant,
     handle: u64,
+    holder: Arc<str>,
 }
 
 impl Lease {
     /// Builds a lease; for providers. `sent_at` is when the acquire (or extend)
     /// request was sent; local validity is `sent_at + ttl - drift_margin(ttl)`.
+    /// Its holder label is this process's [`holder`](crate::holder()); a
+    /// provider that stored another one says so with [`with_holder`](Self::with_holder).
     pub fn new(
         key: LeaseKey,
         token: FencingToken,
@@ -119,7 +123,25 @@ impl Lease {
             sent_at,
             valid_until,
             handle: 0,
+            holder: crate::holder(),
         }
+    }
+
+    /// The same lease after an extend sent at `sent_at` that granted `ttl`:
+    /// key, token, owner, handle and holder are kept, local validity is new.
+    pub fn renewed(&self, ttl: Duration, sent_at: Instant) -> Self {
+        Lease {
+            ttl,
+            sent_at,
+            valid_until: crate::deadline_after(sent_at, ttl.saturating_sub(drift_margin(ttl))),
+            ..self.clone()
+        }
+    }
+
+    /// Sets the holder label the store recorded for this lease.
+    pub fn with_holder(mut self, holder: Arc<str>) -> Self {
+        self.holder = holder;
+        self
     }
 
     /// Attaches an opaque per-provider value (an etcd lease id, a node version).
@@ -179,6 +201,11 @@ impl Lease {
     pub fn handle(&self) -> u64 {
         self.handle
     }
+
+    /// Who holds this lease, as recorded in the store (see [`holder`](crate::holder())).
+    pub fn holder(&self) -> &str {
+        &self.holder
+    }
 }
 
 /// What `inspect` reports about a held key (C13).
@@ -190,6 +217,9 @@ pub struct LeaseInfo {
     pub remaining: Duration,
     /// The holder's owner id, where the store keeps it readable.
     pub owner: Option<OwnerId>,
+    /// The holder's label (by default `user@host:pid`), when it recorded one;
+    /// leases written by a version without labels have none.
+    pub holder: Option<String>,
 }
 
 /// The answer of `try_acquire`.

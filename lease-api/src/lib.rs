@@ -53,6 +53,7 @@ mod caps;
 mod error;
 mod fence;
 mod guard;
+mod holder;
 mod hub;
 mod key;
 mod lease;
@@ -68,6 +69,7 @@ pub use caps::{
 pub use error::{BoxError, LeaseError, Result};
 pub use fence::{FenceGate, StaleToken};
 pub use guard::{GuardConfig, LeaseGuard, LostReason};
+pub use holder::{MAX_HOLDER_BYTES, holder, set_holder, validate_holder};
 pub use hub::WatchHub;
 pub use key::{LeaseKey, MAX_KEY_BYTES, validate_namespace};
 pub use lease::{FencingToken, Lease, LeaseInfo, OwnerId, TryAcquire, drift_margin};

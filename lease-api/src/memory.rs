@@ -26,6 +26,7 @@ struct Holder {
     owner: OwnerId,
     token: u64,
     expires_at: Instant,
+    label: Arc<str>,
 }
 
 struct Entry {
@@ -223,18 +224,16 @@ impl LeaseProvider for MemoryProvider {
             });
         }
         let owner = OwnerId::random();
+        let label = crate::holder();
         entry.holder = Some(Holder {
             owner,
             token,
             expires_at: sent_at + ttl,
+            label: Arc::clone(&label),
         });
-        Ok(TryAcquire::Acquired(Lease::new(
-            key.clone(),
-            FencingToken(token),
-            owner,
-            ttl,
-            sent_at,
-        )))
+        Ok(TryAcquire::Acquired(
+            Lease::new(key.clone(), FencingToken(token), owner, ttl, sent_at).with_holder(label),
+        ))
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
@@ -251,14 +250,7 @@ impl LeaseProvider for MemoryProvider {
         match holder {
             Some(h) => {
                 h.expires_at = sent_at + ttl;
-                Ok(Lease::new(
-                    lease.key().clone(),
-                    lease.token(),
-                    lease.owner(),
-                    ttl,
-                    sent_at,
-                )
-                .with_handle(lease.handle()))
+                Ok(lease.renewed(ttl, sent_at))
             }
             None => Err(LeaseError::Lost {
                 key: lease.key().clone(),
@@ -298,6 +290,7 @@ impl LeaseProvider for MemoryProvider {
                 token: FencingToken(h.token),
                 remaining: h.expires_at - now,
                 owner: Some(h.owner),
+                holder: Some(h.label.to_string()),
             }))
     }
 

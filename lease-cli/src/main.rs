@@ -54,7 +54,7 @@ Exit codes:
   1    `lease conformance` found a failing case
   3    `lease status`: the key is free (0: held)
 
-Environment: LEASE_STORE, LEASE_CONFIG, LEASE_NAMESPACE, LEASE_DEFAULT_TTL,
+Environment: LEASE_STORE, LEASE_CONFIG, LEASE_NAMESPACE, LEASE_HOLDER, LEASE_DEFAULT_TTL,
 LEASE_CONNECT_TIMEOUT, LEASE_REQUEST_TIMEOUT (durations like 30s, 1m); RUST_LOG.
 
 Store URLs: memory://, redis://host:port, rediss://..., redlock://h1:p,h2:p,h3:p,
@@ -72,6 +72,10 @@ struct Cli {
     /// The namespace.
     #[arg(long, env = "LEASE_NAMESPACE", global = true)]
     namespace: Option<String>,
+    /// Who takes the lease, as `status` and a refused `run` show it to others.
+    /// Default: user@host:pid.
+    #[arg(long, env = "LEASE_HOLDER", global = true)]
+    holder: Option<String>,
     /// Log more (-v: info, -vv: debug); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
@@ -86,8 +90,10 @@ SIGTERM, then SIGKILL after --grace. If `lease` itself dies (even kill -9) or
 stops renewing, the supervisor stops the group no later than the lease's local
 validity. Processes the command leaves in its group are killed when it exits.
 
-The command's environment gets LEASE_KEY and LEASE_TOKEN (the fencing token:
-pass it to every write, e.g. UPDATE ... WHERE last_token < $LEASE_TOKEN).
+The command's environment gets LEASE_KEY, LEASE_HOLDER and LEASE_TOKEN (the
+fencing token: pass it to every write, e.g. UPDATE ... WHERE last_token <
+$LEASE_TOKEN). `lease status` and a refused run show the holder: user@host:pid
+of the `lease` process, or what --holder / LEASE_HOLDER set.
 
 Exit codes: the command's own; 64 usage; 69 store unavailable; 75 not acquired;
 79 lease lost; 126/127 command not executable/not found; 129/130/143 signals.
@@ -394,6 +400,14 @@ async fn async_main(cli: Cli) -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail(EXIT_USAGE, describe(&e)),
     };
+    if let Some(label) = &cli.holder
+        && let Err(e) = lease::set_holder(label)
+    {
+        return fail(
+            EXIT_USAGE,
+            format!("--holder / LEASE_HOLDER: {}", describe(&e)),
+        );
+    }
     match cli.command {
         Command::Run {
             key,
@@ -471,17 +485,9 @@ async fn run(
     let lease = match acquired {
         Ok(Some(lease)) => lease,
         Ok(None) => {
-            let holder = match provider.inspect(&key).await {
-                Ok(Some(i)) => format!(
-                    " (token {}, {} left)",
-                    i.token,
-                    humantime::format_duration(round_ms(i.remaining))
-                ),
-                _ => String::new(),
-            };
             return fail(
                 EXIT_NOT_ACQUIRED,
-                format!("{key} is held by someone else{holder}; not acquired"),
+                format!("{}; not acquired", held_by(&*provider, &key).await),
             );
         }
         Err(e) => return fail(error_code(&e), describe(&e)),
@@ -492,6 +498,7 @@ async fn run(
     let env = [
         ("LEASE_KEY", key.as_str().to_owned()),
         ("LEASE_TOKEN", token.to_string()),
+        ("LEASE_HOLDER", guard.lease().holder().to_owned()),
     ];
     let mut supervisor =
         match supervise::Supervisor::spawn(cmd, &env, grace, guard.lease().valid_until()) {
@@ -593,6 +600,19 @@ async fn run(
     ExitCode::from(u8::try_from(code.clamp(0, 255)).unwrap_or(1))
 }
 
+/// "KEY is held by HOLDER (token T, D left)", as far as the store says.
+async fn held_by(provider: &dyn LeaseProvider, key: &LeaseKey) -> String {
+    match provider.inspect(key).await {
+        Ok(Some(i)) => format!(
+            "{key} is held by {} (token {}, {} left)",
+            i.holder.as_deref().unwrap_or("someone else"),
+            i.token,
+            humantime::format_duration(round_ms(i.remaining))
+        ),
+        _ => format!("{key} is held by someone else"),
+    }
+}
+
 fn print_lease(lease: &lease::Lease, json: bool) {
     if json {
         println!(
@@ -602,6 +622,7 @@ fn print_lease(lease: &lease::Lease, json: bool) {
                 "token": lease.token().get(),
                 "owner": lease.owner().to_hex(),
                 "handle": lease.handle(),
+                "holder": lease.holder(),
                 "ttl_ms": u64::try_from(lease.ttl().as_millis()).unwrap_or(u64::MAX),
                 "valid_for_ms": u64::try_from(lease.remaining().as_millis()).unwrap_or(u64::MAX),
             })
@@ -611,6 +632,9 @@ fn print_lease(lease: &lease::Lease, json: bool) {
         println!("LEASE_TOKEN={}", lease.token());
         println!("LEASE_OWNER={}", lease.owner().to_hex());
         println!("LEASE_HANDLE={}", lease.handle());
+        // Shown, not exported: a later `lease` in the same shell records its
+        // own holder label unless told otherwise.
+        println!("LEASE_HOLDER={}", shell_quote(lease.holder()));
         println!("export LEASE_KEY LEASE_TOKEN LEASE_OWNER LEASE_HANDLE");
     }
 }
@@ -636,7 +660,7 @@ async fn script_acquire(
         }
         Ok(None) => fail(
             EXIT_NOT_ACQUIRED,
-            format!("{key} is held by someone else; not acquired"),
+            format!("{}; not acquired", held_by(&*provider, &key).await),
         ),
         Err(e) => fail(error_code(&e), describe(&e)),
     }
@@ -751,6 +775,7 @@ async fn status(config: &StoreConfig, key: &str, json: bool) -> ExitCode {
                 "token": i.token.get(),
                 "remaining_ms": u64::try_from(i.remaining.as_millis()).unwrap_or(u64::MAX),
                 "owner": i.owner.map(|o| o.to_hex()),
+                "holder": i.holder,
             }),
             None => serde_json::json!({ "key": key.as_str(), "held": false }),
         };
@@ -758,7 +783,8 @@ async fn status(config: &StoreConfig, key: &str, json: bool) -> ExitCode {
     } else {
         match info {
             Some(i) => println!(
-                "{key}: held, token {}, {} remaining",
+                "{key}: held by {}, token {}, {} remaining",
+                i.holder.as_deref().unwrap_or("an unnamed holder"),
                 i.token,
                 humantime::format_duration(round_ms(i.remaining))
             ),

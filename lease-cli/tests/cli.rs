@@ -158,9 +158,17 @@ fn exactly_one_of_two_runs_and_tokens_grow(kind: &str) {
         marker.display(),
         marker.display()
     );
-    let mut first = run_args(&store, &key, "30s", &[], &["sh", "-c", &hold])
-        .spawn()
-        .unwrap();
+    // A holder label with the separator characters the stores use.
+    let label = "ops: nightly #1 (ü) | a:b";
+    let mut first = run_args(
+        &store,
+        &key,
+        "30s",
+        &["--holder", label],
+        &["sh", "-c", &hold],
+    )
+    .spawn()
+    .unwrap();
     let token1: u64 = wait_for_file(&marker, Duration::from_secs(20))
         .parse()
         .unwrap();
@@ -173,6 +181,21 @@ fn exactly_one_of_two_runs_and_tokens_grow(kind: &str) {
     ));
     assert_eq!(second.status.code(), Some(NOT_ACQUIRED), "{second:?}");
     assert!(!String::from_utf8_lossy(&second.stdout).contains("SHOULD-NOT-RUN"));
+    // The refused run and `status` say who holds the key.
+    let refused = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        refused.contains(&format!("held by {label} (token {token1},")),
+        "{refused}"
+    );
+    let held = output({
+        let mut c = lease();
+        c.args(["--store", &store, "status", "--key", &key, "--json"]);
+        c
+    });
+    assert_eq!(held.status.code(), Some(0), "{held:?}");
+    let json: serde_json::Value = serde_json::from_slice(&held.stdout).unwrap();
+    assert_eq!(json["holder"], label, "{json}");
+    assert_eq!(json["token"], token1, "{json}");
     std::fs::write(format!("{}.done", marker.display()), "").unwrap();
     assert_eq!(wait_exit(&mut first, Duration::from_secs(20)), Some(0));
     // The next run gets the key (released at once) with a larger token, and
@@ -378,6 +401,24 @@ fn usage_errors_have_their_own_code() {
             "true",
         ],
         vec!["--store", "memory://", "frobnicate"],
+        vec![
+            "--store",
+            "redis://127.0.0.1:1",
+            "--holder",
+            "",
+            "status",
+            "--key",
+            "k",
+        ],
+        vec![
+            "--store",
+            "redis://127.0.0.1:1",
+            "--holder",
+            "a\nb",
+            "status",
+            "--key",
+            "k",
+        ],
     ] {
         let out = output({
             let mut c = lease();
@@ -763,7 +804,24 @@ fn a_lost_lease_kills_a_stubborn_command_by_validity_not_grace() {
 /// commands of a script through its LEASE_* variables.
 #[test]
 fn scripts_acquire_check_extend_and_release_a_lease() {
-    let store = shared("redis");
+    for kind in ["redis", "etcd", "postgres"] {
+        script_round(kind);
+    }
+    // Leases that end with the process's session cannot be handed on.
+    let zk = output({
+        let mut c = lease();
+        c.args(["--store", &shared("zk"), "acquire", "--key", "k"]);
+        c
+    });
+    assert_eq!(zk.status.code(), Some(64), "{zk:?}");
+    assert!(
+        String::from_utf8_lossy(&zk.stderr).contains("session"),
+        "{zk:?}"
+    );
+}
+
+fn script_round(kind: &str) {
+    let store = shared(kind);
     let key = unique("cli-script");
     let cli = |args: &[&str], env: &[(String, String)]| {
         output({
@@ -788,7 +846,19 @@ fn scripts_acquire_check_extend_and_release_a_lease() {
         .unwrap()
         .1
         .clone();
-    assert_eq!(env.iter().find(|(k, _)| k == "LEASE_KEY").unwrap().1, key);
+    assert_eq!(
+        env.iter().find(|(k, _)| k == "LEASE_KEY").unwrap().1,
+        key,
+        "{kind}"
+    );
+    let label = &env.iter().find(|(k, _)| k == "LEASE_HOLDER").unwrap().1;
+    assert!(
+        label.contains('@') && label.contains(':'),
+        "{kind}: holder {label}"
+    );
+    let shown = cli(&["status", "--key", &key, "--json"], &[]);
+    let json: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
+    assert_eq!(json["holder"], label.as_str(), "{kind}: {json}");
     let again = cli(&["acquire", "--key", &key], &[]);
     assert_eq!(again.status.code(), Some(NOT_ACQUIRED), "{again:?}");
     assert_eq!(cli(&["check"], &env).status.code(), Some(0));
@@ -811,17 +881,6 @@ fn scripts_acquire_check_extend_and_release_a_lease() {
         cli(&["check"], &env).status.code(),
         Some(LOST),
         "free after release"
-    );
-    // Leases that end with the process's session cannot be handed on.
-    let zk = output({
-        let mut c = lease();
-        c.args(["--store", &shared("zk"), "acquire", "--key", &key]);
-        c
-    });
-    assert_eq!(zk.status.code(), Some(64), "{zk:?}");
-    assert!(
-        String::from_utf8_lossy(&zk.stderr).contains("session"),
-        "{zk:?}"
     );
 }
 

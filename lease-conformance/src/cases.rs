@@ -104,6 +104,7 @@ cases! {
     double_release_is_not_held, "C7", "a second release of the same lease is NotHeld";
     release_of_expired_lease_is_not_held, "C7", "releasing a lease that expired, with nobody taking the key, is NotHeld and leaves the key free";
     stale_release_after_takeover_keeps_new_holder, "C5", "a stale release after expiry and takeover is NotHeld and the new holder keeps its lease";
+    forged_owner_touches_nothing, "C5", "a lease with the holder's token but another owner id cannot extend or release; one rebuilt with the right owner and token (another holder label) can";
     extend_pushes_expiry_past_original_ttl, "C6", "extend pushes expiry to store-now + ttl, past the original TTL";
     extend_after_expiry_fails, "C6", "extending an expired lease is Lost even if nobody took the key";
     stale_extend_after_takeover_fails, "C5", "a stale extend after takeover is Lost and leaves the new holder alone";
@@ -120,6 +121,7 @@ cases! {
     invalid_ttls_are_rejected, "C3", "zero, below-minimum and above-maximum TTLs are InvalidTtl and change nothing";
     granted_ttl_follows_capabilities, "C3", "the granted TTL is the request rounded up to the declared granularity";
     inspect_reports_holder_and_free_key, "C13", "inspect reports the holder's token and remaining TTL, and nothing for a free key";
+    holder_label_is_recorded_and_kept_by_extend, "C13", "inspect shows the holder label the lease recorded (this process's user@host:pid), also after extends with the same and another TTL";
     waiter_wakes_promptly_on_release, "C9", "a waiter gets the key promptly after release, long before the holder's TTL";
     waiter_times_out_while_held, "C9", "a waiter gives up when its wait runs out while the key stays held";
     waiter_gets_key_after_crashed_holder_expires, "C9", "a waiter gets the key once a crashed holder's lease expires";
@@ -812,6 +814,12 @@ async fn inspect_reports_holder_and_free_key(ctx: Ctx) -> CaseResult {
     if let Some(owner) = info.owner {
         check!(owner == l.owner(), "inspect owner differs");
     }
+    check!(
+        info.holder.as_deref() == Some(l.holder()),
+        "inspect holder {:?} != the lease's {:?}",
+        info.holder,
+        l.holder()
+    );
     // Inspect changes nothing: still held, same token.
     must_be_held(&*other, &key, ttl).await?;
     p.release(&l).await?;
@@ -819,6 +827,79 @@ async fn inspect_reports_holder_and_free_key(ctx: Ctx) -> CaseResult {
         other.inspect(&key).await?.is_none(),
         "released key shows a holder"
     );
+    Ok(())
+}
+
+async fn forged_owner_touches_nothing(ctx: Ctx) -> CaseResult {
+    let p = ctx.provider().await?;
+    let key = ctx.key("forged-owner")?;
+    let ttl = long_ttl(&*p);
+    let l = must_acquire(&*p, &key, ttl).await?;
+    let rebuilt = |owner: lease_api::OwnerId| {
+        lease_api::Lease::new(key.clone(), l.token(), owner, ttl, Instant::now())
+            .with_handle(l.handle())
+            .with_holder(Arc::from("somebody else@elsewhere:1"))
+    };
+    let forged = rebuilt(lease_api::OwnerId::random());
+    match p.extend(&forged, ttl).await {
+        Err(LeaseError::Lost { .. }) => {}
+        other => return Err(CaseError(format!("forged extend: {other:?}"))),
+    }
+    match p.release(&forged).await {
+        Err(LeaseError::NotHeld { .. }) => {}
+        other => return Err(CaseError(format!("forged release: {other:?}"))),
+    }
+    let info = p.inspect(&key).await?;
+    check!(
+        info.as_ref().map(|i| i.token) == Some(l.token()),
+        "after the forged calls inspect shows {info:?}"
+    );
+    // What `lease release` does in another process: the owner and token it was
+    // given, with its own holder label.
+    p.release(&rebuilt(l.owner())).await?;
+    check!(
+        p.inspect(&key).await?.is_none(),
+        "the rebuilt lease's release left the key held"
+    );
+    Ok(())
+}
+
+async fn holder_label_is_recorded_and_kept_by_extend(ctx: Ctx) -> CaseResult {
+    let p = ctx.provider().await?;
+    let other = ctx.provider().await?;
+    let key = ctx.key("holder-label")?;
+    let ttl = long_ttl(&*p);
+    let l = must_acquire(&*p, &key, ttl).await?;
+    let label = lease_api::holder();
+    check!(
+        l.holder() == &*label,
+        "the lease says holder {:?}, the process is {label:?}",
+        l.holder()
+    );
+    let shown = |info: Option<lease_api::LeaseInfo>| info.and_then(|i| i.holder);
+    let seen = shown(other.inspect(&key).await?);
+    check!(
+        seen.as_deref() == Some(&*label),
+        "inspect shows holder {seen:?}, expected {label:?}"
+    );
+    // The same TTL (etcd: a keep-alive) and another one (etcd: a new etcd
+    // lease; ZooKeeper and Redlock rewrite the holder's record).
+    let gran = p
+        .capabilities()
+        .ttl_granularity
+        .max(Duration::from_millis(1));
+    let l = p.extend(&l, ttl).await?;
+    let l = p.extend(&l, ttl + gran).await?;
+    check!(
+        l.holder() == &*label,
+        "extend changed the lease's holder label"
+    );
+    let seen = shown(other.inspect(&key).await?);
+    check!(
+        seen.as_deref() == Some(&*label),
+        "after extends inspect shows holder {seen:?}, expected {label:?}"
+    );
+    p.release(&l).await?;
     Ok(())
 }
 

@@ -24,7 +24,8 @@
 //! - **Key layout**: `lease/<namespace>/<key>`, the namespace percent-encoded so it
 //!   holds no `/`. Every operation and every watch uses the exact key, never a
 //!   prefix, so `a` and `ab` (or `a/b`) are different leases that never wake each
-//!   other's waiters. The value is the holder's owner id.
+//!   other's waiters. The value is the holder's owner id, `:` and its holder
+//!   label (`user@host:pid` by default).
 //! - **Acquire** (two round trips): grant an etcd lease with the TTL, then one
 //!   transaction `if create_revision(key) == 0 then put(key, owner, lease) else
 //!   get(key)`. When the key was held, the unused etcd lease is revoked in the
@@ -42,7 +43,7 @@
 //!   every restart of the cluster.
 //! - **Extend** with the same TTL is one keep-alive; with another TTL, a new etcd
 //!   lease is granted and attached by a transaction guarded on the key's create
-//!   revision and value, then the old one is revoked.
+//!   revision and owner (the put keeps the value), then the old one is revoked.
 //! - **Release** is a transaction guarded the same way that deletes the key,
 //!   then (in the background) revokes the etcd lease.
 //! - **Waiting** watches the exact key for its deletion (release or expiry).

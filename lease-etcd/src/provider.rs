@@ -284,17 +284,21 @@ impl EtcdProvider {
     }
 
     /// The comparisons that hold exactly while `lease` is held: the key's create
-    /// revision is the lease's token and its value is the lease's owner. Add them
-    /// to your own etcd transactions to fence writes inside etcd.
+    /// revision is the lease's token and its value starts with the lease's
+    /// owner and `:` (two byte-order comparisons: `owner < value < owner;`,
+    /// since `;` follows `:`). Add them to your own etcd transactions to fence
+    /// writes inside etcd.
     pub fn held_compares(&self, lease: &Lease) -> Vec<Compare> {
         let key = self.etcd_key(lease.key());
+        let owner = lease.owner().to_hex();
         vec![
             Compare::create_revision(
                 key.clone(),
                 CompareOp::Equal,
                 i64::try_from(lease.token().get()).unwrap_or(-1),
             ),
-            Compare::value(key, CompareOp::Equal, lease.owner().to_hex()),
+            Compare::value(key.clone(), CompareOp::Greater, owner.clone()),
+            Compare::value(key, CompareOp::Less, format!("{owner};")),
         ]
     }
 
@@ -338,6 +342,23 @@ impl EtcdProvider {
     }
 }
 
+/// The key's value: `<owner hex>:<holder label>`.
+fn value(owner: OwnerId, holder: &str) -> String {
+    format!("{}:{holder}", owner.to_hex())
+}
+
+/// Owner and holder label of a value; values written before labels existed
+/// are the owner alone.
+fn parse_value(v: &[u8]) -> (Option<OwnerId>, Option<String>) {
+    let Ok(s) = std::str::from_utf8(v) else {
+        return (None, None);
+    };
+    match s.split_once(':') {
+        Some((o, h)) => (OwnerId::from_hex(o), Some(h.to_owned())),
+        None => (OwnerId::from_hex(s), None),
+    }
+}
+
 fn lease_id(lease: &Lease) -> i64 {
     i64::try_from(lease.handle()).unwrap_or(0)
 }
@@ -361,6 +382,7 @@ impl LeaseProvider for EtcdProvider {
             });
         }
         let owner = OwnerId::random();
+        let holder = lease_api::holder();
         let sent_at = Instant::now();
         let (id, granted) = self.grant(ttl).await?;
         let txn = Txn::new()
@@ -371,7 +393,7 @@ impl LeaseProvider for EtcdProvider {
             )])
             .and_then(vec![TxnOp::put(
                 k.clone(),
-                owner.to_hex(),
+                value(owner, &holder),
                 Some(PutOptions::new().with_lease(id)),
             )])
             .or_else(vec![TxnOp::get(k, None)]);
@@ -396,7 +418,8 @@ impl LeaseProvider for EtcdProvider {
                     ))
                 })?;
             let lease = Lease::new(key.clone(), FencingToken(token), owner, granted, sent_at)
-                .with_handle(u64::try_from(id).unwrap_or(0));
+                .with_handle(u64::try_from(id).unwrap_or(0))
+                .with_holder(holder);
             return Ok(TryAcquire::Acquired(lease));
         }
         self.revoke_in_background(id);
@@ -453,30 +476,24 @@ impl LeaseProvider for EtcdProvider {
             };
             let ours = current?.kvs().first().is_some_and(|kv| {
                 u64::try_from(kv.create_revision()).ok() == Some(lease.token().get())
-                    && kv.value() == lease.owner().to_hex().as_bytes()
+                    && parse_value(kv.value()).0 == Some(lease.owner())
             });
             if ttl_left <= 0 || !ours {
                 return Err(lost());
             }
             let granted = Duration::from_secs(u64::try_from(ttl_left).unwrap_or(0));
-            return Ok(Lease::new(
-                lease.key().clone(),
-                lease.token(),
-                lease.owner(),
-                granted,
-                sent_at,
-            )
-            .with_handle(lease.handle()));
+            return Ok(lease.renewed(granted, sent_at));
         }
         // Another TTL: a new etcd lease, attached while we still hold the key.
         let (new_id, granted) = self.grant(ttl).await?;
         let k = self.etcd_key(lease.key());
         let txn = Txn::new()
             .when(self.held_compares(lease))
+            // The value (owner and holder label) stays as the acquire wrote it.
             .and_then(vec![TxnOp::put(
                 k,
-                lease.owner().to_hex(),
-                Some(PutOptions::new().with_lease(new_id)),
+                "",
+                Some(PutOptions::new().with_lease(new_id).with_ignore_value()),
             )]);
         let resp = match self
             .call("extend txn", |mut c| async move { c.txn(txn).await })
@@ -493,14 +510,9 @@ impl LeaseProvider for EtcdProvider {
             return Err(lost());
         }
         self.revoke_in_background(id);
-        Ok(Lease::new(
-            lease.key().clone(),
-            lease.token(),
-            lease.owner(),
-            granted,
-            sent_at,
-        )
-        .with_handle(u64::try_from(new_id).unwrap_or(0)))
+        Ok(lease
+            .renewed(granted, sent_at)
+            .with_handle(u64::try_from(new_id).unwrap_or(0)))
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
@@ -531,9 +543,7 @@ impl LeaseProvider for EtcdProvider {
             return Ok(None);
         };
         let token = FencingToken(u64::try_from(kv.create_revision()).unwrap_or(0));
-        let owner = std::str::from_utf8(kv.value())
-            .ok()
-            .and_then(OwnerId::from_hex);
+        let (owner, holder) = parse_value(kv.value());
         // The lease may have expired between the two calls: then the key is free.
         let Some(remaining) = self.time_to_live(kv.lease()).await? else {
             return Ok(None);
@@ -542,6 +552,7 @@ impl LeaseProvider for EtcdProvider {
             token,
             remaining,
             owner,
+            holder,
         }))
     }
 

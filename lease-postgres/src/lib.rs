@@ -32,9 +32,14 @@
 //!     owner      text        NULL,      -- 32 hex digits; NULL once released
 //!     token      bigint      NOT NULL,  -- grows by one per acquisition, kept on release
 //!     expires_at timestamptz NULL,      -- database clock
+//!     holder     text        NULL,      -- who holds it, for people (`user@host:pid`)
 //!     PRIMARY KEY (namespace, key)
 //! );
 //! ```
+//!
+//! A table made by an earlier version gains the `holder` column the next time
+//! the migration runs (`ADD COLUMN IF NOT EXISTS`, on first use or by
+//! [`PostgresProvider::migrate`]).
 //!
 //! Schema and table names are configurable and validated as identifiers; every
 //! value is a bind parameter. The table is created on first use (under an

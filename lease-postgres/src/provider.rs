@@ -286,6 +286,7 @@ impl PostgresProvider {
                 sqlx::query(s).execute(&mut *tx).await?;
             }
             sqlx::query(&sql.create_table).execute(&mut *tx).await?;
+            sqlx::query(&sql.add_holder).execute(&mut *tx).await?;
             tx.commit().await
         })
         .await
@@ -500,6 +501,7 @@ impl LeaseProvider for PostgresProvider {
         let ttl = self.capabilities().grant_ttl(ttl)?;
         self.ready().await?;
         let owner = OwnerId::random();
+        let holder = lease_api::holder();
         let sent_at = Instant::now();
         let row = self
             .bounded(
@@ -509,6 +511,7 @@ impl LeaseProvider for PostgresProvider {
                     .bind(key.as_str())
                     .bind(owner.to_hex())
                     .bind(micros(ttl))
+                    .bind(&*holder)
                     .fetch_optional(self.pool()?),
             )
             .await?;
@@ -522,13 +525,10 @@ impl LeaseProvider for PostgresProvider {
         if won {
             let token = u64::try_from(token)
                 .map_err(|_| LeaseError::protocol(format!("negative token {token}")))?;
-            Ok(TryAcquire::Acquired(Lease::new(
-                key.clone(),
-                FencingToken(token),
-                owner,
-                ttl,
-                sent_at,
-            )))
+            Ok(TryAcquire::Acquired(
+                Lease::new(key.clone(), FencingToken(token), owner, ttl, sent_at)
+                    .with_holder(holder),
+            ))
         } else {
             let remaining: Option<i64> = row.try_get(2).map_err(decode)?;
             Ok(TryAcquire::Held {
@@ -554,13 +554,7 @@ impl LeaseProvider for PostgresProvider {
             )
             .await?;
         if done.rows_affected() == 1 {
-            Ok(Lease::new(
-                lease.key().clone(),
-                lease.token(),
-                lease.owner(),
-                ttl,
-                sent_at,
-            ))
+            Ok(lease.renewed(ttl, sent_at))
         } else {
             Err(LeaseError::Lost {
                 key: lease.key().clone(),
@@ -609,10 +603,12 @@ impl LeaseProvider for PostgresProvider {
         let token: i64 = row.try_get(0).map_err(decode)?;
         let owner: Option<String> = row.try_get(1).map_err(decode)?;
         let remaining: i64 = row.try_get(2).map_err(decode)?;
+        let holder: Option<String> = row.try_get(3).map_err(decode)?;
         Ok(Some(LeaseInfo {
             token: FencingToken(u64::try_from(token).unwrap_or(0)),
             remaining: from_micros(remaining),
             owner: owner.as_deref().and_then(OwnerId::from_hex),
+            holder,
         }))
     }
 

@@ -23,6 +23,7 @@ pub(crate) fn validate_identifier(what: &str, name: &str) -> Result<(), LeaseErr
 pub(crate) struct Statements {
     pub create_schema: Option<String>,
     pub create_table: String,
+    pub add_holder: String,
     pub acquire: String,
     pub extend: String,
     pub release: String,
@@ -46,17 +47,21 @@ impl Statements {
                     owner      text        NULL,
                     token      bigint      NOT NULL,
                     expires_at timestamptz NULL,
+                    holder     text        NULL,
                     PRIMARY KEY (namespace, key)
                 )"
             ),
+            // Tables made before holder labels existed.
+            add_holder: format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS holder text NULL"),
             // One statement: take the row if it is absent, released or expired
             // (bumping its token), else report the holder's remaining time.
             acquire: format!(
                 "WITH won AS (
-                    INSERT INTO {t} AS l (namespace, key, owner, token, expires_at)
-                    VALUES ($1, $2, $3, 1, clock_timestamp() + $4::bigint * interval '1 microsecond')
+                    INSERT INTO {t} AS l (namespace, key, owner, token, expires_at, holder)
+                    VALUES ($1, $2, $3, 1, clock_timestamp() + $4::bigint * interval '1 microsecond', $5)
                     ON CONFLICT (namespace, key) DO UPDATE
-                       SET owner = EXCLUDED.owner, token = l.token + 1, expires_at = EXCLUDED.expires_at
+                       SET owner = EXCLUDED.owner, token = l.token + 1, expires_at = EXCLUDED.expires_at,
+                           holder = EXCLUDED.holder
                      WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp()
                     RETURNING l.token
                  )
@@ -73,7 +78,7 @@ impl Statements {
             // Released rows keep their token, so the next acquire continues from it.
             release: format!(
                 "WITH gone AS (
-                    UPDATE {t} SET owner = NULL, expires_at = NULL
+                    UPDATE {t} SET owner = NULL, expires_at = NULL, holder = NULL
                      WHERE namespace = $1 AND key = $2 AND owner = $3 AND token = $4
                        AND expires_at > clock_timestamp()
                     RETURNING 1
@@ -81,7 +86,7 @@ impl Statements {
                  SELECT pg_notify($5, $6) FROM gone"
             ),
             inspect: format!(
-                "SELECT l.token, l.owner, {remaining} FROM {t} l
+                "SELECT l.token, l.owner, {remaining}, l.holder FROM {t} l
                   WHERE l.namespace = $1 AND l.key = $2 AND l.owner IS NOT NULL
                     AND l.expires_at > clock_timestamp()"
             ),

@@ -242,6 +242,41 @@ async fn many_processes_creating_the_table_at_once_all_succeed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_from_before_holder_labels_is_upgraded_and_keeps_its_tokens() {
+    let schema = unique("lease_schema");
+    let url = store_url("LEASE_TEST_POSTGRES_URL");
+    let admin = sqlx::PgPool::connect(&url).await.unwrap();
+    // The layout of the first release: no holder column, one held-before row.
+    for stmt in [
+        format!("CREATE SCHEMA \"{schema}\""),
+        format!(
+            "CREATE TABLE \"{schema}\".old_leases (namespace text NOT NULL, key text NOT NULL,
+               owner text NULL, token bigint NOT NULL, expires_at timestamptz NULL,
+               PRIMARY KEY (namespace, key))"
+        ),
+        format!("INSERT INTO \"{schema}\".old_leases VALUES ('lease', 'k', NULL, 41, NULL)"),
+    ] {
+        sqlx::query(&stmt).execute(&admin).await.unwrap();
+    }
+    let p = PostgresProvider::new(PostgresConfig::new(url).table(&schema, "old_leases")).unwrap();
+    let k = LeaseKey::new("k").unwrap();
+    let l = p.try_acquire(&k, TTL).await.unwrap().into_lease().unwrap();
+    assert_eq!(l.token().get(), 42, "the old row's token goes on");
+    let info = p.inspect(&k).await.unwrap().unwrap();
+    assert_eq!(info.holder.as_deref(), Some(l.holder()));
+    assert_eq!(l.holder(), &*lease_api::holder());
+    p.release(&l).await.unwrap();
+    let left: Option<String> = sqlx::query(&format!(
+        "SELECT holder FROM \"{schema}\".old_leases WHERE key = 'k'"
+    ))
+    .fetch_one(&admin)
+    .await
+    .unwrap()
+    .get(0);
+    assert_eq!(left, None, "a released row names no holder");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paused_holders_fenced_transaction_is_rejected_and_writes_nothing() {
     let ns = unique("fenced");
     let (a, b) = (shared(&ns), shared(&ns));

@@ -350,12 +350,17 @@ impl RedlockProvider {
         let n = self.inner.nodes.len();
         let quorum = self.inner.quorum;
         let limit = self.node_timeout(ttl);
+        let holder = lease_api::holder();
         let sent_at = Instant::now();
         let (tx, mut rx) = tokio::sync::mpsc::channel(n);
         for i in 0..n {
             let (inner, tx) = (Arc::clone(&self.inner), tx.clone());
             let keys = [lease_key.clone(), fence_key.clone(), cancel.clone()];
-            let args = [owner_hex.clone(), millis(ttl).to_string()];
+            let args = [
+                owner_hex.clone(),
+                millis(ttl).to_string(),
+                holder.to_string(),
+            ];
             tokio::spawn(async move {
                 let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
                 let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -399,7 +404,7 @@ impl RedlockProvider {
             let token = won.iter().map(|(_, t)| *t).max().unwrap_or(0);
             let token_arg = token.to_string();
             let keys = [lease_key.as_str(), fence_key.as_str()];
-            let raise_args = [owner_hex.as_str(), token_arg.as_str()];
+            let raise_args = [owner_hex.as_str(), token_arg.as_str(), &holder];
             let raised = join_all(won.iter().map(|(i, _)| {
                 tokio::time::timeout(
                     limit,
@@ -410,7 +415,8 @@ impl RedlockProvider {
             .into_iter()
             .filter(|r| matches!(r, Ok(Ok(1))))
             .count();
-            let lease = Lease::new(key.clone(), FencingToken(token), owner, ttl, sent_at);
+            let lease = Lease::new(key.clone(), FencingToken(token), owner, ttl, sent_at)
+                .with_holder(Arc::clone(&holder));
             if raised >= quorum && Instant::now() < lease.valid_until() {
                 return Ok(Round::Won(lease));
             }
@@ -552,13 +558,7 @@ impl LeaseProvider for RedlockProvider {
         let Vote { yes, errors, .. } = self
             .vote(limit, |n| n.eval::<i64>(&EXTEND, &keys, &args))
             .await;
-        let renewed = Lease::new(
-            lease.key().clone(),
-            lease.token(),
-            lease.owner(),
-            ttl,
-            sent_at,
-        );
+        let renewed = lease.renewed(ttl, sent_at);
         if yes >= self.inner.quorum && Instant::now() < renewed.valid_until() {
             return Ok(renewed);
         }
@@ -616,19 +616,20 @@ impl LeaseProvider for RedlockProvider {
         let (lease_key, _) = self.keys(key);
         let keys = [lease_key.as_str()];
         let results = self.round(|n| n.eval::<Value>(&INSPECT, &keys, &[])).await;
-        let mut held: Vec<(OwnerId, FencingToken, Duration)> = Vec::new();
+        let mut held: Vec<(OwnerId, FencingToken, Duration, Option<String>)> = Vec::new();
         let mut errors = Vec::new();
         for r in results {
             match r {
                 Ok(Value::Array(items)) => {
                     if let [Value::BulkString(v), Value::Int(pttl)] = items.as_slice()
-                        && let Some((owner, token)) =
+                        && let Some((owner, token, holder)) =
                             std::str::from_utf8(v).ok().and_then(parse_value)
                     {
                         held.push((
                             owner,
                             token,
                             Duration::from_millis(u64::try_from(*pttl).unwrap_or(0)),
+                            holder,
                         ));
                     }
                 }
@@ -639,21 +640,23 @@ impl LeaseProvider for RedlockProvider {
         if errors.len() > self.inner.nodes.len() - self.inner.quorum {
             return Err(self.unavailable(errors));
         }
-        for (owner, _, _) in &held {
-            let mut same: Vec<_> = held.iter().filter(|(o, _, _)| o == owner).collect();
+        for (owner, _, _, _) in &held {
+            let mut same: Vec<_> = held.iter().filter(|(o, _, _, _)| o == owner).collect();
             if same.len() >= self.inner.quorum {
                 // The lease ends when fewer than a majority still hold it.
                 same.sort_by_key(|s| std::cmp::Reverse(s.2));
                 let remaining = same[self.inner.quorum - 1].2;
                 let token = same
                     .iter()
-                    .map(|(_, t, _)| *t)
+                    .map(|(_, t, _, _)| *t)
                     .max()
                     .unwrap_or(FencingToken(0));
+                let holder = same.iter().find_map(|(_, _, _, h)| h.clone());
                 return Ok(Some(LeaseInfo {
                     token,
                     remaining,
                     owner: Some(*owner),
+                    holder,
                 }));
             }
         }

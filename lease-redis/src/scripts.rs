@@ -1,13 +1,15 @@
 //! The Lua scripts: each operation is one script, so one round trip.
 //!
-//! The stored value is `<owner hex>:<token>`. Owner ids are fresh random 128-bit
-//! values per lease, so comparing the owner prefix identifies the exact lease.
+//! The stored value is `<owner hex>:<token>:<holder label>`. Owner ids are fresh
+//! random 128-bit values per lease, so comparing the owner prefix identifies the
+//! exact lease; the label (which may contain `:`) is the rest of the value, for
+//! people only. Values written before labels existed end after the token.
 
 use std::sync::LazyLock;
 
 use redis::Script;
 
-/// KEYS: lease, fence, cancel tombstone of this owner. ARGV: owner, ttl ms.
+/// KEYS: lease, fence, cancel tombstone of this owner. ARGV: owner, ttl ms, holder label.
 /// Returns {1, token, ''} when acquired, {0, pttl, holder value} when held,
 /// {0, -3, ''} when this owner's acquire was cancelled (see [`CANCEL`]).
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
@@ -21,7 +23,7 @@ if pttl ~= -2 then
   return {0, pttl, redis.call('GET', KEYS[1]) or ''}
 end
 local token = redis.call('INCR', KEYS[2])
-redis.call('SET', KEYS[1], ARGV[1] .. ':' .. token, 'PX', ARGV[2])
+redis.call('SET', KEYS[1], ARGV[1] .. ':' .. token .. ':' .. ARGV[3], 'PX', ARGV[2])
 return {1, token, ''}
 ",
     )
@@ -91,7 +93,7 @@ return {v, redis.call('PTTL', KEYS[1])}
     )
 });
 
-/// Redlock's second step. KEYS: lease, fence. ARGV: owner, token.
+/// Redlock's second step. KEYS: lease, fence. ARGV: owner, token, holder label.
 /// While `owner` holds the lease on this node, raise the fence counter to at
 /// least `token` and record the token in the value. Returns 1 if done.
 pub(crate) static RAISE: LazyLock<Script> = LazyLock::new(|| {
@@ -103,7 +105,7 @@ if v and string.sub(v, 1, 33) == ARGV[1] .. ':' then
   if c < tonumber(ARGV[2]) then
     redis.call('SET', KEYS[2], ARGV[2])
   end
-  redis.call('SET', KEYS[1], ARGV[1] .. ':' .. ARGV[2], 'KEEPTTL')
+  redis.call('SET', KEYS[1], ARGV[1] .. ':' .. ARGV[2] .. ':' .. ARGV[3], 'KEEPTTL')
   return 1
 end
 return 0

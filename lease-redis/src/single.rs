@@ -306,9 +306,18 @@ pub(crate) fn millis(ttl: Duration) -> u64 {
     u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)
 }
 
-pub(crate) fn parse_value(v: &str) -> Option<(OwnerId, FencingToken)> {
-    let (owner, token) = v.split_once(':')?;
-    Some((OwnerId::from_hex(owner)?, FencingToken(token.parse().ok()?)))
+/// A stored lease value: owner, token and, when recorded, the holder label.
+pub(crate) fn parse_value(v: &str) -> Option<(OwnerId, FencingToken, Option<String>)> {
+    let (owner, rest) = v.split_once(':')?;
+    let (token, holder) = match rest.split_once(':') {
+        Some((t, h)) => (t, Some(h.to_owned())),
+        None => (rest, None),
+    };
+    Some((
+        OwnerId::from_hex(owner)?,
+        FencingToken(token.parse().ok()?),
+        holder,
+    ))
 }
 
 pub(crate) fn unexpected(what: &str, v: &Value) -> LeaseError {
@@ -333,6 +342,7 @@ impl LeaseProvider for RedisProvider {
         let owner = OwnerId::random();
         let owner_hex = owner.to_hex();
         let cancel_key = cancel_key(&lease_key, &owner_hex);
+        let holder = lease_api::holder();
         let sent_at = Instant::now();
         let (won, n, _holder): (i64, i64, String) = match self
             .inner
@@ -340,7 +350,7 @@ impl LeaseProvider for RedisProvider {
             .eval(
                 &ACQUIRE,
                 &[&lease_key, &fence_key, &cancel_key],
-                &[&owner_hex, &millis(ttl).to_string()],
+                &[&owner_hex, &millis(ttl).to_string(), &holder],
             )
             .await
         {
@@ -358,13 +368,10 @@ impl LeaseProvider for RedisProvider {
         if won == 1 {
             let token = u64::try_from(n)
                 .map_err(|_| LeaseError::protocol(format!("negative token {n}")))?;
-            Ok(TryAcquire::Acquired(Lease::new(
-                key.clone(),
-                FencingToken(token),
-                owner,
-                ttl,
-                sent_at,
-            )))
+            Ok(TryAcquire::Acquired(
+                Lease::new(key.clone(), FencingToken(token), owner, ttl, sent_at)
+                    .with_holder(holder),
+            ))
         } else {
             let remaining = u64::try_from(n).ok().map(Duration::from_millis);
             Ok(TryAcquire::Held { remaining })
@@ -385,13 +392,7 @@ impl LeaseProvider for RedisProvider {
             )
             .await?;
         if done == 1 {
-            Ok(Lease::new(
-                lease.key().clone(),
-                lease.token(),
-                lease.owner(),
-                ttl,
-                sent_at,
-            ))
+            Ok(lease.renewed(ttl, sent_at))
         } else {
             Err(LeaseError::Lost {
                 key: lease.key().clone(),
@@ -434,13 +435,14 @@ impl LeaseProvider for RedisProvider {
                 [value, Value::Int(pttl)] => {
                     let value: String = redis::from_redis_value_ref(value)
                         .map_err(|_| unexpected("inspect", value))?;
-                    let (owner, token) = parse_value(&value).ok_or_else(|| {
+                    let (owner, token, holder) = parse_value(&value).ok_or_else(|| {
                         LeaseError::protocol(format!("malformed lease value {value:?}"))
                     })?;
                     Ok(Some(LeaseInfo {
                         token,
                         remaining: Duration::from_millis(u64::try_from(*pttl).unwrap_or(0)),
                         owner: Some(owner),
+                        holder,
                     }))
                 }
                 _ => Err(LeaseError::protocol(format!(

@@ -142,20 +142,27 @@ struct Judged {
 struct Paths {
     /// Persistent; its version is the acquisition epoch.
     key: String,
-    /// Ephemeral; data `owner:ttl_ms`; czxid is the token.
+    /// Ephemeral; data `owner:ttl_ms:holder label`; czxid is the token.
     holder: String,
 }
 
-fn holder_data(owner: OwnerId, ttl: Duration) -> Vec<u8> {
-    format!("{}:{}", owner.to_hex(), ttl.as_millis()).into_bytes()
+fn holder_data(owner: OwnerId, ttl: Duration, label: &str) -> Vec<u8> {
+    format!("{}:{}:{label}", owner.to_hex(), ttl.as_millis()).into_bytes()
 }
 
-fn parse_holder(data: &[u8]) -> Option<(OwnerId, Duration)> {
+/// Owner, TTL and (when recorded) holder label of a holder node's data; nodes
+/// written before labels existed end after the TTL.
+fn parse_holder(data: &[u8]) -> Option<(OwnerId, Duration, Option<String>)> {
     let s = std::str::from_utf8(data).ok()?;
-    let (owner, ttl) = s.split_once(':')?;
+    let (owner, rest) = s.split_once(':')?;
+    let (ttl, label) = match rest.split_once(':') {
+        Some((t, l)) => (t, Some(l.to_owned())),
+        None => (rest, None),
+    };
     Some((
         OwnerId::from_hex(owner)?,
         Duration::from_millis(ttl.parse().ok()?),
+        label,
     ))
 }
 
@@ -582,19 +589,23 @@ impl LeaseProvider for ZkProvider {
         let client = self.client().await?;
         let paths = self.paths(key);
         let owner = OwnerId::random();
-        let data = holder_data(owner, ttl);
+        let label = lease_api::holder();
+        let data = holder_data(owner, ttl, &label);
         for _ in 0..4 {
             let sent_at = Instant::now();
             match self.claim(&client, &paths, &data, None).await? {
                 Ok((zxid, epoch)) => {
-                    return Ok(TryAcquire::Acquired(self.lease_from(
-                        key,
-                        owner,
-                        ttl,
-                        sent_at,
-                        (zxid, epoch),
-                        client.session_timeout(),
-                    )?));
+                    return Ok(TryAcquire::Acquired(
+                        self.lease_from(
+                            key,
+                            owner,
+                            ttl,
+                            sent_at,
+                            (zxid, epoch),
+                            client.session_timeout(),
+                        )?
+                        .with_holder(Arc::clone(&label)),
+                    ));
                 }
                 Err(ZkError::NoNode) => {
                     self.ensure_key_node(&client, &paths).await?;
@@ -610,7 +621,7 @@ impl LeaseProvider for ZkProvider {
                 None => continue,
             };
             let now = self.shared_now(&client).await?;
-            let holder_ttl = parse_holder(&data_now).map_or(Duration::ZERO, |(_, t)| t);
+            let holder_ttl = parse_holder(&data_now).map_or(Duration::ZERO, |(_, t, _)| t);
             let expires = stat.mtime + i64::try_from(holder_ttl.as_millis()).unwrap_or(i64::MAX);
             if now < expires {
                 let remaining = Duration::from_millis(u64::try_from(expires - now).unwrap_or(0))
@@ -626,14 +637,17 @@ impl LeaseProvider for ZkProvider {
             };
             match self.claim(&client, &paths, &data, Some(judged)).await? {
                 Ok((zxid, epoch)) => {
-                    return Ok(TryAcquire::Acquired(self.lease_from(
-                        key,
-                        owner,
-                        ttl,
-                        sent_at,
-                        (zxid, epoch),
-                        client.session_timeout(),
-                    )?));
+                    return Ok(TryAcquire::Acquired(
+                        self.lease_from(
+                            key,
+                            owner,
+                            ttl,
+                            sent_at,
+                            (zxid, epoch),
+                            client.session_timeout(),
+                        )?
+                        .with_holder(Arc::clone(&label)),
+                    ));
                 }
                 // Someone else acted first; look again.
                 Err(ZkError::BadVersion | ZkError::NoNode | ZkError::NodeExists) => continue,
@@ -662,7 +676,7 @@ impl LeaseProvider for ZkProvider {
             Err(e) => return Err(self.map_err(e)),
         };
         let now = now?;
-        let Some((owner, old_ttl)) = parse_holder(&data) else {
+        let Some((owner, old_ttl, label)) = parse_holder(&data) else {
             return Err(lost());
         };
         let expires = stat.mtime + i64::try_from(old_ttl.as_millis()).unwrap_or(i64::MAX);
@@ -678,7 +692,13 @@ impl LeaseProvider for ZkProvider {
         let epoch = i32::try_from(lease.handle()).unwrap_or(-1);
         let mut w = client.new_multi_writer();
         if let Err(e) = w.add_check_version(&paths.key, epoch).and_then(|()| {
-            w.add_set_data(&paths.holder, &holder_data(owner, ttl), Some(stat.version))
+            // Keep the label the acquire recorded.
+            let label = label.as_deref().unwrap_or(lease.holder());
+            w.add_set_data(
+                &paths.holder,
+                &holder_data(owner, ttl, label),
+                Some(stat.version),
+            )
         }) {
             return Err(self.map_err(e));
         }
@@ -687,14 +707,7 @@ impl LeaseProvider for ZkProvider {
             .await?
         {
             Ok(_) => Ok(bounded_validity(
-                Lease::new(
-                    lease.key().clone(),
-                    lease.token(),
-                    lease.owner(),
-                    ttl,
-                    sent_at,
-                )
-                .with_handle(lease.handle()),
+                lease.renewed(ttl, sent_at),
                 client.session_timeout(),
             )),
             Err(ZkError::BadVersion | ZkError::NoNode) => Err(lost()),
@@ -721,7 +734,7 @@ impl LeaseProvider for ZkProvider {
             Err(e) => return Err(self.map_err(e)),
         };
         let now = now?;
-        let Some((owner, ttl)) = parse_holder(&data) else {
+        let Some((owner, ttl, _)) = parse_holder(&data) else {
             return Err(not_held());
         };
         if owner != lease.owner() || u64::try_from(stat.czxid).ok() != Some(lease.token().get()) {
@@ -762,7 +775,7 @@ impl LeaseProvider for ZkProvider {
             Err(e) => return Err(self.map_err(e)),
         };
         let now = now?;
-        let Some((owner, ttl)) = parse_holder(&data) else {
+        let Some((owner, ttl, holder)) = parse_holder(&data) else {
             return Ok(None);
         };
         let expires = stat.mtime + i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
@@ -774,6 +787,7 @@ impl LeaseProvider for ZkProvider {
             // The clock sample is a lower bound; never report more than the TTL.
             remaining: Duration::from_millis(u64::try_from(expires - now).unwrap_or(0)).min(ttl),
             owner: Some(owner),
+            holder,
         }))
     }
 
