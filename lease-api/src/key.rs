@@ -112,6 +112,21 @@ pub fn validate_namespace(namespace: &str) -> Result<(), LeaseError> {
     Ok(())
 }
 
+/// Checks the namespace prefix given to a backend's `purge_namespaces`: it
+/// must name something, since an empty prefix would match every namespace.
+///
+/// # Errors
+/// [`LeaseError::Config`](crate::LeaseError::Config) for an empty prefix.
+pub fn validate_purge_prefix(prefix: &str) -> crate::Result<()> {
+    if prefix.is_empty() {
+        return Err(crate::LeaseError::Config(
+            "refusing to purge with an empty namespace prefix: it would match every namespace"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

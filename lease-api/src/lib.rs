@@ -71,7 +71,7 @@ pub use fence::{FenceGate, StaleToken};
 pub use guard::{GuardConfig, LeaseGuard, LostReason};
 pub use holder::{MAX_HOLDER_BYTES, holder, set_holder, validate_holder};
 pub use hub::WatchHub;
-pub use key::{LeaseKey, MAX_KEY_BYTES, validate_namespace};
+pub use key::{LeaseKey, MAX_KEY_BYTES, validate_namespace, validate_purge_prefix};
 pub use lease::{FencingToken, Lease, LeaseInfo, OwnerId, TryAcquire, drift_margin};
 pub use memory::{DEFAULT_NAMESPACE, MemoryProvider, MemoryStore};
 pub use provider::{KeyWatch, LeaseProvider, MAX_BLIND_WAIT, NotifyWatch, SleepWatch, acquire};

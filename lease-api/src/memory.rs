@@ -92,6 +92,26 @@ impl MemoryStore {
         })
     }
 
+    /// Deletes the entries of every namespace whose name starts with `prefix`
+    /// (waking their waiters) and returns how many went. Tokens keep growing:
+    /// the counter is the store's, not the key's.
+    ///
+    /// # Errors
+    /// `Config` for an empty prefix; `Unavailable` while the store is down.
+    pub fn purge_namespaces(&self, prefix: &str) -> Result<u64> {
+        crate::validate_purge_prefix(prefix)?;
+        let mut state = self.lock()?;
+        let before = state.entries.len();
+        state.entries.retain(|(ns, _), e| {
+            let keep = !ns.starts_with(prefix);
+            if !keep {
+                e.notify.notify_waiters();
+            }
+            keep
+        });
+        Ok(u64::try_from(before - state.entries.len()).unwrap_or(u64::MAX))
+    }
+
     /// Marks the store as down (or up again). While down, every operation of
     /// every provider on it fails with [`LeaseError::Unavailable`], the way a
     /// networked store fails when it cannot be reached: a fault to inject into

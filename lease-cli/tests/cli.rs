@@ -292,16 +292,12 @@ fn stopped_store_stops_the_command_with_the_lost_code(kind: &str) {
     );
 }
 
-fn conformance_passes(store: &str) {
+/// Runs `lease conformance` in a fresh namespace, which it returns.
+fn conformance_passes(store: &str) -> String {
+    let namespace = unique("cli-conformance");
     let out = output({
         let mut c = lease();
-        c.args([
-            "--store",
-            store,
-            "--namespace",
-            &unique("cli-conformance"),
-            "conformance",
-        ]);
+        c.args(["--store", store, "--namespace", &namespace, "conformance"]);
         c
     });
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -312,6 +308,106 @@ fn conformance_passes(store: &str) {
     );
     let expected = format!("{} passed, 0 failed", lease_conformance::CASES.len());
     assert!(stdout.contains(&expected), "{stdout}");
+    namespace
+}
+
+/// What the store holds under namespaces starting with `namespace`, read with
+/// the store's own client, not through `lease`.
+fn records_left(kind: &str, namespace: &str) -> Vec<String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        match kind {
+            "redis" | "redlock" => {
+                let urls = if kind == "redis" {
+                    vec![store_url("LEASE_TEST_REDIS_URL")]
+                } else {
+                    store_url("LEASE_TEST_REDLOCK_URLS")
+                        .split(',')
+                        .map(|u| {
+                            if u.starts_with("redis://") {
+                                u.to_owned()
+                            } else {
+                                format!("redis://{u}")
+                            }
+                        })
+                        .collect()
+                };
+                let mut n = Vec::new();
+                for url in urls {
+                    let client = ::redis::Client::open(url).unwrap();
+                    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+                    let mut cursor = 0u64;
+                    loop {
+                        let (next, keys): (u64, Vec<String>) = ::redis::cmd("SCAN")
+                            .arg(cursor)
+                            .arg("MATCH")
+                            .arg(format!("{{{namespace}*"))
+                            .arg("COUNT")
+                            .arg(1000)
+                            .query_async(&mut c)
+                            .await
+                            .unwrap();
+                        n.extend(keys);
+                        if next == 0 {
+                            break;
+                        }
+                        cursor = next;
+                    }
+                }
+                n
+            }
+            "postgres" => {
+                let pool = sqlx::PgPool::connect(&store_url("LEASE_TEST_POSTGRES_URL"))
+                    .await
+                    .unwrap();
+                let rows: Vec<(String, String)> = sqlx::query_as(
+                    "SELECT namespace, key FROM lease_leases WHERE left(namespace, length($1)) = $1",
+                )
+                .bind(namespace)
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+                rows.into_iter().map(|(n, k)| format!("{n} {k}")).collect()
+            }
+            "etcd" => {
+                let mut c = etcd_client::Client::connect([store_url("LEASE_TEST_ETCD_URL")], None)
+                    .await
+                    .unwrap();
+                let r = c
+                    .get(
+                        format!("lease/{namespace}"),
+                        Some(
+                            etcd_client::GetOptions::new()
+                                .with_prefix()
+                                .with_keys_only(),
+                        ),
+                    )
+                    .await
+                    .unwrap();
+                r.kvs()
+                    .iter()
+                    .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+                    .collect()
+            }
+            "zk" => {
+                let c = zookeeper_client::Client::connect(&store_url("LEASE_TEST_ZK_URL"))
+                    .await
+                    .unwrap();
+                match c.list_children("/lease").await {
+                    Ok(children) => children
+                        .into_iter()
+                        .filter(|c| c.starts_with(namespace))
+                        .collect(),
+                    Err(zookeeper_client::Error::NoNode) => Vec::new(),
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            other => panic!("unknown store kind {other}"),
+        }
+    })
 }
 
 macro_rules! per_store {
@@ -334,8 +430,11 @@ macro_rules! per_store {
                 }
 
                 #[test]
-                fn conformance_passes() {
-                    super::conformance_passes(&super::shared(stringify!($kind)));
+                fn conformance_passes_and_leaves_nothing_behind() {
+                    let kind = stringify!($kind);
+                    let namespace = super::conformance_passes(&super::shared(kind));
+                    let left = super::records_left(kind, &namespace);
+                    assert!(left.is_empty(), "{kind}: records left behind: {left:?}");
                 }
 
                 #[test]
@@ -356,7 +455,7 @@ per_store!(redis, redlock, postgres, etcd, zk);
 
 #[test]
 fn conformance_passes_on_memory() {
-    conformance_passes("memory://");
+    let _ = conformance_passes("memory://");
 }
 
 #[test]

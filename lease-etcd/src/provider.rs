@@ -186,6 +186,25 @@ impl EtcdProvider {
         Ok(None)
     }
 
+    /// Deletes the keys of every namespace whose name starts with `prefix`,
+    /// whoever holds them (their etcd leases then run out by their TTL), and
+    /// returns how many went. Only for namespaces nobody uses any more, such
+    /// as a finished `lease conformance` run's.
+    ///
+    /// # Errors
+    /// `Config` for an empty prefix; `Unavailable` when etcd is unreachable.
+    pub async fn purge_namespaces(&self, prefix: &str) -> Result<u64> {
+        lease_api::validate_purge_prefix(prefix)?;
+        let range = format!("lease/{}", encode_namespace(prefix));
+        let resp = self
+            .call("purge", |mut c| async move {
+                c.delete(range, Some(etcd_client::DeleteOptions::new().with_prefix()))
+                    .await
+            })
+            .await?;
+        Ok(u64::try_from(resp.deleted()).unwrap_or(0))
+    }
+
     fn etcd_key(&self, key: &LeaseKey) -> String {
         format!("{}{}", self.inner.prefix, key.as_str())
     }

@@ -292,6 +292,26 @@ impl PostgresProvider {
         .await
     }
 
+    /// Deletes the rows of every namespace whose name starts with `prefix`,
+    /// whoever holds them, and returns how many went. Tokens of those keys start
+    /// again afterwards: only for namespaces nobody uses any more, such as a
+    /// finished `lease conformance` run's. Runs no DDL.
+    ///
+    /// # Errors
+    /// `Config` for an empty prefix; `Unavailable` when the database is down.
+    pub async fn purge_namespaces(&self, prefix: &str) -> Result<u64> {
+        lease_api::validate_purge_prefix(prefix)?;
+        let done = self
+            .bounded(
+                "purge",
+                sqlx::query(&self.inner.sql.purge)
+                    .bind(prefix)
+                    .execute(self.pool()?),
+            )
+            .await?;
+        Ok(done.rows_affected())
+    }
+
     async fn ready(&self) -> Result<()> {
         self.start_probe();
         if !self.inner.create_table {

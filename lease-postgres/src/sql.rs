@@ -29,6 +29,7 @@ pub(crate) struct Statements {
     pub release: String,
     pub inspect: String,
     pub fence: String,
+    pub purge: String,
     pub channel: String,
 }
 
@@ -96,6 +97,7 @@ impl Statements {
                     AND expires_at > clock_timestamp()
                   FOR SHARE"
             ),
+            purge: format!("DELETE FROM {t} WHERE left(namespace, length($1)) = $1"),
             channel: channel_name(schema, table),
         }
     }

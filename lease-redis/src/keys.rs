@@ -34,6 +34,22 @@ pub(crate) fn cancel_key(lease_key: &str, owner_hex: &str) -> String {
     format!("{tag}:cancel:{owner_hex}")
 }
 
+/// The SCAN pattern of every Redis key (lease, fence counter, tombstone) of
+/// every namespace that starts with `prefix`. The encoded namespace ends at
+/// the tag's first `|`, and encoding is per character, so a namespace starts
+/// with `prefix` exactly when its encoding starts with `encode(prefix)`.
+pub(crate) fn namespace_pattern(prefix: &str) -> String {
+    let mut out = String::from("{");
+    for c in encode(prefix).chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('*');
+    out
+}
+
 /// The pub/sub channel on which releases in a namespace are announced; the
 /// message is the released key.
 pub(crate) fn release_channel(ns_encoded: &str) -> String {
@@ -55,5 +71,11 @@ mod tests {
             redis_keys(&encode("a"), "b|c")
         );
         assert_ne!(redis_keys("ns", "%7B"), redis_keys("ns", "{"));
+    }
+
+    #[test]
+    fn namespace_patterns_escape_glob_characters() {
+        assert_eq!(namespace_pattern("a*b|c"), "{a\\*b%7Cc*");
+        assert_eq!(namespace_pattern("[x]?\\"), "{\\[x\\]\\?\\\\*");
     }
 }

@@ -204,6 +204,33 @@ impl Node {
         }
     }
 
+    /// Deletes every key matching the glob `pattern` (SCAN, then UNLINK in
+    /// batches). Returns how many were deleted.
+    pub(crate) async fn delete_matching(&self, pattern: &str) -> Result<u64> {
+        let mut cursor: u64 = 0;
+        let mut deleted = 0;
+        loop {
+            let (next, keys): (u64, Vec<String>) = self
+                .query(
+                    redis::cmd("SCAN")
+                        .arg(cursor)
+                        .arg("MATCH")
+                        .arg(pattern)
+                        .arg("COUNT")
+                        .arg(1000),
+                )
+                .await?;
+            if !keys.is_empty() {
+                let n: u64 = self.query(redis::cmd("UNLINK").arg(&keys)).await?;
+                deleted += n;
+            }
+            if next == 0 {
+                return Ok(deleted);
+            }
+            cursor = next;
+        }
+    }
+
     /// Runs one command, bounded like [`Node::eval`].
     pub(crate) async fn query<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T> {
         let mut conn = self.manager().await?;

@@ -216,6 +216,33 @@ impl RedlockProvider {
         self.inner.quorum
     }
 
+    /// Deletes every lease, fence counter and tombstone of every namespace
+    /// whose name starts with `prefix` on every node (see
+    /// [`RedisProvider::purge_namespaces`](crate::RedisProvider::purge_namespaces)).
+    /// Returns how many Redis keys went, over all nodes.
+    ///
+    /// # Errors
+    /// `Config` for an empty prefix; the first node's error when a node is down
+    /// (the others are still purged).
+    pub async fn purge_namespaces(&self, prefix: &str) -> Result<u64> {
+        lease_api::validate_purge_prefix(prefix)?;
+        let pattern = crate::keys::namespace_pattern(prefix);
+        let mut deleted = 0;
+        let mut first_error = None;
+        for node in &self.inner.nodes {
+            match node.delete_matching(&pattern).await {
+                Ok(n) => deleted += n,
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(deleted),
+        }
+    }
+
     fn keys(&self, key: &LeaseKey) -> (String, String) {
         redis_keys(&self.inner.ns_encoded, key.as_str())
     }

@@ -272,6 +272,22 @@ impl RedisProvider {
         redis_keys(&self.inner.ns_encoded, key.as_str())
     }
 
+    /// Deletes every lease, fence counter and tombstone of every namespace
+    /// whose name starts with `prefix`, whoever holds them, and returns how
+    /// many Redis keys went. Tokens of those keys start again afterwards: only
+    /// for namespaces nobody uses any more, such as a finished
+    /// `lease conformance` run's.
+    ///
+    /// # Errors
+    /// `Config` for an empty prefix; `Unavailable` when the server is down.
+    pub async fn purge_namespaces(&self, prefix: &str) -> Result<u64> {
+        lease_api::validate_purge_prefix(prefix)?;
+        self.inner
+            .node
+            .delete_matching(&crate::keys::namespace_pattern(prefix))
+            .await
+    }
+
     /// Refuses a server that may evict keys, unless allowed: checked once,
     /// before the first acquire (one extra round trip per provider).
     async fn check_eviction(&self) -> Result<()> {

@@ -367,6 +367,56 @@ impl ZkProvider {
         }
     }
 
+    /// Deletes the znodes of every namespace whose name starts with `prefix`
+    /// (key nodes, holder nodes, the namespace node), whoever holds them, and
+    /// returns how many went. A holder's session then sees its lease gone at
+    /// its next extend. Only for namespaces nobody uses any more, such as a
+    /// finished `lease conformance` run's.
+    ///
+    /// # Errors
+    /// `Config` for an empty prefix; `Unavailable` when ZooKeeper is unreachable;
+    /// `Backend` when a node gained children while it was being deleted.
+    pub async fn purge_namespaces(&self, prefix: &str) -> Result<u64> {
+        lease_api::validate_purge_prefix(prefix)?;
+        let client = self.client().await?;
+        let wanted = segment(prefix);
+        let namespaces = match self.bounded("list", client.list_children("/lease")).await? {
+            Ok(c) => c,
+            Err(ZkError::NoNode) => return Ok(0),
+            Err(e) => return Err(self.map_err(e)),
+        };
+        // Every node below the matching namespaces, parents before children.
+        let mut nodes: Vec<String> = namespaces
+            .into_iter()
+            .filter(|n| n.starts_with(&wanted))
+            .map(|n| format!("/lease/{n}"))
+            .collect();
+        let mut i = 0;
+        while i < nodes.len() {
+            match self
+                .bounded("list", client.list_children(&nodes[i]))
+                .await?
+            {
+                Ok(children) => {
+                    let parent = nodes[i].clone();
+                    nodes.extend(children.into_iter().map(|c| format!("{parent}/{c}")));
+                }
+                Err(ZkError::NoNode) => {}
+                Err(e) => return Err(self.map_err(e)),
+            }
+            i += 1;
+        }
+        let mut deleted = 0;
+        for node in nodes.iter().rev() {
+            match self.bounded("delete", client.delete(node, None)).await? {
+                Ok(()) => deleted += 1,
+                Err(ZkError::NoNode) => {}
+                Err(e) => return Err(self.map_err(e)),
+            }
+        }
+        Ok(deleted)
+    }
+
     /// One probe write to the namespace node: its mtime is the server's clock.
     async fn probe_clock(&self, client: &Client) -> Result<ClockSample> {
         let stat = self

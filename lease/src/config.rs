@@ -247,6 +247,79 @@ impl Store {
     }
 }
 
+impl Store {
+    /// Deletes every lease record of every namespace whose name starts with
+    /// `prefix` in this store, whoever holds them, and returns how many store
+    /// records went (see each backend's `purge_namespaces`). For namespaces
+    /// nobody uses any more: `lease conformance` cleans up after itself with it.
+    ///
+    /// # Errors
+    /// `Config` for an empty prefix or a backend whose feature is off;
+    /// `Unavailable` when the store is down.
+    pub async fn purge_namespaces(
+        &self,
+        prefix: &str,
+        connect: Duration,
+        request: Duration,
+    ) -> Result<u64> {
+        lease_api::validate_purge_prefix(prefix)?;
+        let _ = (connect, request);
+        match self {
+            Store::Memory => process_store().purge_namespaces(prefix),
+            #[cfg(feature = "redis")]
+            Store::Redis(url) => {
+                lease_redis::RedisProvider::new(
+                    lease_redis::RedisConfig::new(url).timeouts(connect, request),
+                )?
+                .purge_namespaces(prefix)
+                .await
+            }
+            #[cfg(feature = "redis")]
+            Store::Redlock(urls) => {
+                lease_redis::RedlockProvider::new(
+                    lease_redis::RedlockConfig::new(urls.clone()).timeouts(connect, request),
+                )?
+                .purge_namespaces(prefix)
+                .await
+            }
+            #[cfg(feature = "postgres")]
+            Store::Postgres { url, schema, table } => {
+                lease_postgres::PostgresProvider::new(
+                    lease_postgres::PostgresConfig::new(url)
+                        .table(schema, table)
+                        .timeouts(connect, request),
+                )?
+                .purge_namespaces(prefix)
+                .await
+            }
+            #[cfg(feature = "etcd")]
+            Store::Etcd(endpoints) => {
+                lease_etcd::EtcdProvider::new(
+                    lease_etcd::EtcdConfig::new(endpoints.clone()).timeouts(connect, request),
+                )?
+                .purge_namespaces(prefix)
+                .await
+            }
+            #[cfg(feature = "zk")]
+            Store::Zk { hosts, chroot } => {
+                let mut config = lease_zk::ZkConfig::new(hosts).timeouts(connect, request);
+                if let Some(c) = chroot {
+                    config = config.chroot(c);
+                }
+                lease_zk::ZkProvider::new(config)?
+                    .purge_namespaces(prefix)
+                    .await
+            }
+            #[allow(unreachable_patterns)]
+            other => Err(config_err(format!(
+                "{}:// stores need the {:?} cargo feature of the `lease` crate",
+                other.kind(),
+                feature_of(other)
+            ))),
+        }
+    }
+}
+
 #[allow(dead_code)]
 fn feature_of(store: &Store) -> &'static str {
     match store {
