@@ -12,6 +12,10 @@ use tokio::task::JoinHandle;
 
 struct Subscription {
     task: JoinHandle<()>,
+    /// Cleared by the task when its connection broke, before it wakes the
+    /// waiters: a waiter that wakes and re-subscribes must see it gone, while
+    /// the task itself has not finished yet.
+    alive: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Drop for Subscription {
@@ -245,7 +249,9 @@ impl Node {
     /// Returns once the subscription is confirmed by the server.
     pub(crate) async fn subscribe(&self, channel: &str, hub: &Arc<WatchHub>) -> Result<()> {
         let mut slot = self.subscription.lock().await;
-        if slot.as_ref().is_some_and(|s| !s.task.is_finished()) {
+        if slot.as_ref().is_some_and(|s| {
+            s.alive.load(std::sync::atomic::Ordering::SeqCst) && !s.task.is_finished()
+        }) {
             return Ok(());
         }
         let limit = self.timeouts.connect + self.timeouts.response;
@@ -265,6 +271,8 @@ impl Node {
             }
         };
         let hub = Arc::clone(hub);
+        let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let flag = Arc::clone(&alive);
         let task = tokio::spawn(async move {
             // The sink must live as long as the subscription.
             let _sink = sink;
@@ -273,10 +281,12 @@ impl Node {
                     hub.wake(key);
                 }
             }
-            // The connection broke: announcements may be lost; let waiters retry.
+            // The connection broke: announcements may be lost. Mark it gone
+            // first, so the waiters woken next subscribe again, then wake them.
+            flag.store(false, std::sync::atomic::Ordering::SeqCst);
             hub.wake_all();
         });
-        *slot = Some(Subscription { task });
+        *slot = Some(Subscription { task, alive });
         Ok(())
     }
 }
