@@ -23,8 +23,15 @@
 //! interactive command can read it (and gets the terminal's Ctrl-C), and the
 //! previous foreground group is restored when it exits.
 //!
-//! Not covered: processes that leave the command's process group (`setsid`,
-//! shells with job control, daemons that double-fork) are outside its reach.
+//! Processes that leave the command's process group (`setsid`, shells with job
+//! control, daemons that double-fork) are reached as well: the supervisor is a
+//! child subreaper (`PR_SET_CHILD_SUBREAPER`), so orphans of the command's tree
+//! are re-parented to it instead of to init, and every signal to the group also
+//! goes to each descendant found by walking `/proc/<pid>/task/*/children` from
+//! the supervisor. Before it exits, the supervisor kills and reaps descendants
+//! until none is left. Only a process that escapes the tree entirely (asks
+//! another service, such as systemd or a container runtime, to start it) is out
+//! of reach.
 //!
 //! So no process of the command's tree runs past the lease's local validity,
 //! whatever happens to the holder.
@@ -227,6 +234,60 @@ fn take_terminal(group: Pid) -> Option<Pid> {
     Some(previous)
 }
 
+/// Every live (or not yet reaped) descendant of this process, found by
+/// walking the kernel's children lists of each of its threads.
+fn descendants() -> Vec<Pid> {
+    let mut found: Vec<i32> = Vec::new();
+    let mut stack = vec![i32::try_from(std::process::id()).unwrap_or(0)];
+    while let Some(pid) = stack.pop() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            let Ok(children) = std::fs::read_to_string(task.path().join("children")) else {
+                continue;
+            };
+            for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
+                if !found.contains(&child) {
+                    found.push(child);
+                    stack.push(child);
+                }
+            }
+        }
+    }
+    found.into_iter().map(Pid::from_raw).collect()
+}
+
+/// Sends `sig` to the command's group and to every descendant, also those
+/// that left the group.
+fn signal_tree(group: Pid, sig: Signal) {
+    let _ = killpg(group, sig);
+    for pid in descendants() {
+        let _ = nix::sys::signal::kill(pid, sig);
+    }
+}
+
+/// After the command exited (and was reaped): kills whatever of its tree is
+/// left and reaps it, until no descendant remains or `limit` passed.
+fn sweep(group: Pid, limit: Duration) {
+    let until = deadline_ns(limit);
+    loop {
+        signal_tree(group, Signal::SIGKILL);
+        // Reap what died; our own direct child is already reaped.
+        while let Ok(status) =
+            nix::sys::wait::waitpid(None, Some(nix::sys::wait::WaitPidFlag::WNOHANG))
+        {
+            if status == nix::sys::wait::WaitStatus::StillAlive {
+                break;
+            }
+        }
+        if descendants().is_empty() || monotonic_ns() >= until {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 /// The supervisor's side (`lease supervise`): runs `cmd` in a new process
 /// group and enforces what the holder said, or the holder's disappearance.
 pub fn supervise(fd: i32, grace: Duration, valid_until_ns: u128, cmd: &[String]) -> ExitCode {
@@ -242,6 +303,13 @@ pub fn supervise(fd: i32, grace: Duration, valid_until_ns: u128, cmd: &[String])
     let Some((program, args)) = cmd.split_first() else {
         return ExitCode::from(64);
     };
+    // Orphans of the command's tree come to us, not to init: a daemon that
+    // double-forks stays within reach.
+    if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
+        eprintln!(
+            "lease supervise: cannot become a child subreaper ({e}); processes that leave the command's group may outlive it"
+        );
+    }
     let (tx, rx) = mpsc::channel();
     forward_signals(tx.clone());
     let mut child = match Command::new(program).args(args).process_group(0).spawn() {
@@ -285,9 +353,7 @@ pub fn supervise(fd: i32, grace: Duration, valid_until_ns: u128, cmd: &[String])
         let _ = tx.send(Event::Exited(code));
     });
 
-    let signal = |sig: Signal| {
-        let _ = killpg(group, sig);
-    };
+    let signal = |sig: Signal| signal_tree(group, sig);
     let mut valid_until = valid_until_ns;
     // Once stopping: the end of the grace period after the SIGTERM.
     let mut grace_until: Option<u128> = None;
@@ -318,8 +384,8 @@ pub fn supervise(fd: i32, grace: Duration, valid_until_ns: u128, cmd: &[String])
             Ok(Event::HolderGone | Event::Signal) => stop(&mut grace_until, grace),
             Ok(Event::Exited(code)) => {
                 // The lease ends with the command: nothing it left behind may
-                // keep running without it.
-                signal(Signal::SIGKILL);
+                // keep running without it, in its group or out of it.
+                sweep(group, Duration::from_secs(5));
                 if let Some(previous) = terminal {
                     let _ = nix::unistd::tcsetpgrp(std::io::stdin(), previous);
                 }

@@ -736,6 +736,82 @@ fn kill_9_of_lease_stops_the_command_tree_within_validity(kind: &str) {
     );
 }
 
+/// Processes that leave the command's process group (`setsid`) or are
+/// orphaned by a double fork are stopped with the command: when it exits, and
+/// when `lease` is killed with -9.
+#[test]
+fn processes_that_leave_the_group_do_not_outlive_the_command() {
+    let store = shared("redis");
+    let dir = TempDir::new("lease-cli");
+    // One child in a new session, one orphaned by a double fork (its parent
+    // subshell exits at once), both recorded, then the command goes on.
+    let escape = |tag: &str, then: &str| {
+        let a = dir.path().join(format!("{tag}-a"));
+        let b = dir.path().join(format!("{tag}-b"));
+        let script = format!(
+            "setsid sleep 100 & echo $! > {a}.tmp; mv {a}.tmp {a}; \
+             (setsid sleep 100 & echo $! > {b}.tmp; mv {b}.tmp {b}) & \
+             while [ ! -e {b} ]; do sleep 0.01; done; {then}",
+            a = a.display(),
+            b = b.display()
+        );
+        (script, a, b)
+    };
+    let gone = |pids: &[String], within: Duration, what: &str| {
+        let start = Instant::now();
+        while pids.iter().any(|p| alive(p)) {
+            assert!(
+                start.elapsed() < within,
+                "{what}: {pids:?} still running after {within:?}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+
+    // 1. The command exits: what it left anywhere in its tree goes with it.
+    let (script, a, b) = escape("exit", "exit 0");
+    let out = output(run_args(
+        &store,
+        &unique("cli-escape"),
+        "30s",
+        &[],
+        &["sh", "-c", &script],
+    ));
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let pids = [
+        std::fs::read_to_string(&a).unwrap(),
+        std::fs::read_to_string(&b).unwrap(),
+    ]
+    .map(|p| p.trim().to_owned());
+    gone(&pids, Duration::from_secs(2), "after the command exited");
+
+    // 2. kill -9 of `lease` while the command runs.
+    let (script, a, b) = escape("kill9", "wait");
+    let mut run = run_args(
+        &store,
+        &unique("cli-escape"),
+        "1s",
+        &["--grace", "30s"],
+        &["sh", "-c", &script],
+    )
+    .spawn()
+    .unwrap();
+    wait_for_file(&b, Duration::from_secs(20));
+    let pids = [
+        std::fs::read_to_string(&a).unwrap(),
+        std::fs::read_to_string(&b).unwrap(),
+    ]
+    .map(|p| p.trim().to_owned());
+    assert!(pids.iter().all(|p| alive(p)), "{pids:?}");
+    signal(run.id(), "KILL");
+    let _ = run.wait();
+    gone(
+        &pids,
+        Duration::from_secs(1),
+        "after kill -9 of lease (TTL 1 s)",
+    );
+}
+
 /// `--min-hold` holds on every store, also where leases end with the session
 /// (ZooKeeper): a second run right after the first one finished is refused.
 fn min_hold_keeps_the_key_after_the_command(kind: &str) {
