@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use lease_testkit::unique;
 use lease_testkit::{
-    OwnedProcess, TempDir, owned_etcd, owned_postgres, owned_redis, owned_zk, store_url,
+    OwnedProcess, TempDir, owned_etcd, owned_postgres, owned_redis, owned_redis_with, owned_zk,
+    store_url,
 };
 
 const NOT_ACQUIRED: i32 = 75;
@@ -481,6 +482,88 @@ fn terminating_lease_run_stops_the_command_and_releases_the_key() {
     // The key was released, not left to expire.
     let next = output(run_args(&store, &key, "30s", &[], &["true"]));
     assert_eq!(next.status.code(), Some(0), "{next:?}");
+}
+
+/// A password in a store URL never reaches any output: not the errors of
+/// malformed, refused or unreachable URLs, not `-vv` logs, not `conformance`,
+/// and not a successful run against a server that requires it.
+#[test]
+fn passwords_in_store_urls_are_never_printed() {
+    const PW: &str = "Pw-7c1e9d2b";
+    let dir = TempDir::new("lease-cli");
+    let config = dir.path().join("lease.toml");
+    let cases: Vec<(String, i32)> = vec![
+        (format!("redis://:{PW}@127.0.0.1:1"), 69),
+        (format!("redis://user:{PW}@127.0.0.1:1/0"), 69),
+        (
+            format!("redlock://:{PW}@127.0.0.1:1,:{PW}@127.0.0.1:2,:{PW}@127.0.0.1:3"),
+            69,
+        ),
+        (format!("postgres://lease:{PW}@127.0.0.1:1/lease"), 69),
+        (
+            format!("postgres://lease@127.0.0.1:1/lease?password={PW}"),
+            69,
+        ),
+        // Refused before connecting: each message names the problem, not the secret.
+        (format!("redis://:{PW}@127.0.0.1:99999"), 64),
+        (
+            format!("redlock://:{PW}@127.0.0.1:1,:{PW}@127.0.0.1:1,:{PW}@127.0.0.1:3"),
+            64,
+        ),
+        (
+            format!("postgres://lease:{PW}@127.0.0.1:1/lease?lease_tabel=x"),
+            64,
+        ),
+        (format!("etcd://root:{PW}@127.0.0.1:1"), 64),
+        (format!("zk://digest:{PW}@127.0.0.1:1"), 64),
+        (format!("redis:/:{PW}@127.0.0.1:1"), 64),
+    ];
+    for (url, code) in &cases {
+        std::fs::write(&config, format!("store = {url:?}\n")).unwrap();
+        let runs: [Vec<&str>; 5] = [
+            vec!["--store", url, "-vv", "status", "--key", "k"],
+            vec!["--store", url, "-vv", "run", "--key", "k", "--", "true"],
+            vec!["--store", url, "-vv", "acquire", "--key", "k"],
+            vec!["--store", url, "-vv", "conformance"],
+            vec![
+                "--config",
+                config.to_str().unwrap(),
+                "-vv",
+                "status",
+                "--key",
+                "k",
+            ],
+        ];
+        for args in runs {
+            let out = output({
+                let mut c = lease();
+                c.args(&args);
+                c
+            });
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(!text.contains(PW), "{args:?} printed the password:\n{text}");
+            assert_eq!(out.status.code(), Some(*code), "{args:?}:\n{text}");
+        }
+    }
+    // A server that requires the password: the run succeeds and logs say nothing of it.
+    let server = owned_redis_with(false, &["--requirepass", PW]);
+    let url = format!("redis://:{PW}@127.0.0.1:{}", server.port());
+    let out = output({
+        let mut c = lease();
+        c.args(["--store", &url, "-vv", "run", "--key", "k", "--", "true"]);
+        c
+    });
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(!text.contains(PW), "{text}");
 }
 
 #[test]

@@ -608,16 +608,23 @@ impl LeaseProvider for PostgresProvider {
     }
 
     async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>> {
-        self.ready().await?;
-        let row = self
-            .bounded(
-                "inspect",
-                sqlx::query(&self.inner.sql.inspect)
-                    .bind(&self.inner.namespace)
-                    .bind(key.as_str())
-                    .fetch_optional(self.pool()?),
-            )
-            .await?;
+        // Reading never creates or alters the table (`lease status` runs no
+        // DDL): a table or schema that does not exist holds no lease.
+        self.start_probe();
+        let query = sqlx::query(&self.inner.sql.inspect)
+            .bind(&self.inner.namespace)
+            .bind(key.as_str())
+            .fetch_optional(self.pool()?);
+        let row = match tokio::time::timeout(self.inner.response_timeout, query).await {
+            Ok(Ok(row)) => row,
+            Ok(Err(sqlx::Error::Database(e)))
+                if matches!(e.code().as_deref(), Some("42P01" | "3F000")) =>
+            {
+                return Ok(None);
+            }
+            Ok(Err(e)) => return Err(self.map_err(e)),
+            Err(_) => return Err(LeaseError::timeout("inspect", self.inner.response_timeout)),
+        };
         let Some(row) = row else { return Ok(None) };
         let decode = |e: sqlx::Error| self.map_err(e);
         let token: i64 = row.try_get(0).map_err(decode)?;

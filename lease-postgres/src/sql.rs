@@ -87,7 +87,9 @@ impl Statements {
                  SELECT pg_notify($5, $6) FROM gone"
             ),
             inspect: format!(
-                "SELECT l.token, l.owner, {remaining}, l.holder FROM {t} l
+                // `to_jsonb(l)->>'holder'`: NULL on a table from before holder
+                // labels, which inspect reads without migrating it.
+                "SELECT l.token, l.owner, {remaining}, to_jsonb(l)->>'holder' FROM {t} l
                   WHERE l.namespace = $1 AND l.key = $2 AND l.owner IS NOT NULL
                     AND l.expires_at > clock_timestamp()"
             ),

@@ -242,6 +242,51 @@ async fn many_processes_creating_the_table_at_once_all_succeed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_runs_no_ddl() {
+    let schema = unique("lease_schema");
+    let url = store_url("LEASE_TEST_POSTGRES_URL");
+    let admin = sqlx::PgPool::connect(&url).await.unwrap();
+    let exists = |what: &'static str| {
+        let (admin, schema) = (admin.clone(), schema.clone());
+        async move {
+            let n: i64 = sqlx::query(what)
+                .bind(&schema)
+                .fetch_one(&admin)
+                .await
+                .unwrap()
+                .get(0);
+            n > 0
+        }
+    };
+    const SCHEMA: &str = "SELECT count(*) FROM information_schema.schemata WHERE schema_name = $1";
+    const HOLDER: &str = "SELECT count(*) FROM information_schema.columns
+                            WHERE table_schema = $1 AND column_name = 'holder'";
+    // No schema, no table: the key is free and nothing is created.
+    let p = PostgresProvider::new(PostgresConfig::new(&url).table(&schema, "leases")).unwrap();
+    let k = LeaseKey::new("k").unwrap();
+    assert!(p.inspect(&k).await.unwrap().is_none());
+    assert!(!exists(SCHEMA).await, "inspect created the schema");
+    // A table of the old layout is read as it is, not altered.
+    for stmt in [
+        format!("CREATE SCHEMA \"{schema}\""),
+        format!(
+            "CREATE TABLE \"{schema}\".leases (namespace text NOT NULL, key text NOT NULL,
+               owner text NULL, token bigint NOT NULL, expires_at timestamptz NULL,
+               PRIMARY KEY (namespace, key))"
+        ),
+        format!(
+            "INSERT INTO \"{schema}\".leases VALUES ('lease', 'k', '{}', 7, now() + interval '1 hour')",
+            "0".repeat(32)
+        ),
+    ] {
+        sqlx::query(&stmt).execute(&admin).await.unwrap();
+    }
+    let info = p.inspect(&k).await.unwrap().expect("held");
+    assert_eq!((info.token.get(), info.holder), (7, None));
+    assert!(!exists(HOLDER).await, "inspect altered the table");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_from_before_holder_labels_is_upgraded_and_keeps_its_tokens() {
     let schema = unique("lease_schema");
     let url = store_url("LEASE_TEST_POSTGRES_URL");

@@ -12,8 +12,8 @@ pub const URL_FORMS: &str = "memory://, redis://host:port[/db], rediss://..., \
 redlock://host1:port,host2:port,host3:port, postgres://user@host/db[?lease_table=schema.table], \
 etcd://host1:port[,host2:port] (etcds:// for TLS), zk://host1:port[,host2:port][/chroot]";
 
-/// A parsed store URL.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A parsed store URL. `Debug` and `Display` show it with passwords redacted.
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Store {
     /// `memory://`: the in-memory provider; every `memory://` provider of a
@@ -47,17 +47,74 @@ fn config_err(msg: impl Into<String>) -> LeaseError {
     LeaseError::Config(msg.into())
 }
 
-fn hosts(scheme: &str, list: &str) -> Result<Vec<String>> {
-    let hosts: Vec<String> = list.split(',').map(str::trim).map(str::to_owned).collect();
-    if hosts
-        .iter()
-        .any(|h| h.is_empty() || h.contains('/') || h.contains('?'))
-    {
-        return Err(config_err(format!(
-            "{scheme}:// needs a comma-separated list of host:port, got {list:?}"
-        )));
+/// The query parameters sqlx understands in a PostgreSQL URL, plus ours.
+const POSTGRES_PARAMS: &[&str] = &[
+    "lease_table",
+    "sslmode",
+    "ssl-mode",
+    "sslrootcert",
+    "ssl-root-cert",
+    "ssl-ca",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+    "statement-cache-capacity",
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "application_name",
+    "options",
+];
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Store({self})")
     }
-    Ok(hosts)
+}
+
+impl std::fmt::Display for Store {
+    /// The store as a URL, passwords redacted.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let strip = |u: &str| {
+            u.split_once("://")
+                .map_or(u.to_owned(), |(_, rest)| rest.to_owned())
+        };
+        let shown = match self {
+            Store::Memory => "memory://".to_owned(),
+            Store::Redis(url) => url.clone(),
+            Store::Redlock(nodes) => format!(
+                "redlock://{}",
+                nodes.iter().map(|n| strip(n)).collect::<Vec<_>>().join(",")
+            ),
+            Store::Postgres { url, schema, table } => {
+                let sep = if url.contains('?') { '&' } else { '?' };
+                format!("{url}{sep}lease_table={schema}.{table}")
+            }
+            Store::Etcd(endpoints) => {
+                let scheme = if endpoints.iter().any(|e| e.starts_with("https://")) {
+                    "etcds"
+                } else {
+                    "etcd"
+                };
+                format!(
+                    "{scheme}://{}",
+                    endpoints
+                        .iter()
+                        .map(|e| strip(e))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                )
+            }
+            Store::Zk { hosts, chroot } => {
+                format!("zk://{hosts}{}", chroot.as_deref().unwrap_or(""))
+            }
+        };
+        f.write_str(&crate::redact(&shown))
+    }
 }
 
 impl Store {
@@ -69,22 +126,33 @@ impl Store {
     pub fn parse(url: &str) -> Result<Store> {
         let url = url.trim();
         let Some((scheme, rest)) = url.split_once("://") else {
+            // Not echoed: without `://` there is no telling where a password is.
             return Err(config_err(format!(
-                "store URL {url:?} has no scheme; use one of: {URL_FORMS}"
+                "the store URL has no scheme (scheme://...); use one of: {URL_FORMS}"
             )));
         };
         match scheme.to_ascii_lowercase().as_str() {
-            "memory" => Ok(Store::Memory),
-            "redis" | "rediss" => {
-                if rest.is_empty() {
+            "memory" => {
+                if !rest.is_empty() {
                     return Err(config_err(format!(
-                        "{scheme}:// needs a host, e.g. {scheme}://127.0.0.1:6379"
+                        "memory:// takes nothing after the scheme, got {:?}",
+                        crate::redact(url)
+                    )));
+                }
+                Ok(Store::Memory)
+            }
+            "redis" | "rediss" => {
+                let parsed = crate::urls::single(url, &["protocol"])?;
+                let db = parsed.path().trim_matches('/');
+                if !db.is_empty() && db.parse::<u32>().is_err() {
+                    return Err(config_err(format!(
+                        "{scheme}:// path must be a database number, got {db:?}"
                     )));
                 }
                 Ok(Store::Redis(url.to_owned()))
             }
             "redlock" => {
-                let nodes = hosts("redlock", rest)?;
+                let nodes = crate::urls::host_list("redlock", rest, true)?;
                 if nodes.len() < 3 {
                     return Err(config_err(format!(
                         "redlock:// needs at least 3 independent Redis nodes, got {}",
@@ -92,10 +160,14 @@ impl Store {
                     )));
                 }
                 Ok(Store::Redlock(
-                    nodes.into_iter().map(|h| format!("redis://{h}")).collect(),
+                    nodes
+                        .into_iter()
+                        .map(|h| format!("redis://{}", h.raw))
+                        .collect(),
                 ))
             }
             "postgres" | "postgresql" => {
+                crate::urls::single(url, POSTGRES_PARAMS)?;
                 let (base, query) = url.split_once('?').unwrap_or((url, ""));
                 let mut keep = Vec::new();
                 let (mut schema, mut table) = ("public".to_owned(), "lease_leases".to_owned());
@@ -122,9 +194,9 @@ impl Store {
                     "http"
                 };
                 Ok(Store::Etcd(
-                    hosts("etcd", rest.trim_end_matches('/'))?
+                    crate::urls::host_list(scheme, rest.trim_end_matches('/'), false)?
                         .into_iter()
-                        .map(|h| format!("{proto}://{h}"))
+                        .map(|h| format!("{proto}://{}", h.raw))
                         .collect(),
                 ))
             }
@@ -136,8 +208,19 @@ impl Store {
                     Some(i) => (&rest[..i], None),
                     None => (rest, None),
                 };
+                if chroot.as_deref().is_some_and(|c| c.contains(['?', '#'])) {
+                    return Err(config_err(format!(
+                        "{scheme}:// takes no parameters, got {:?}",
+                        crate::redact(url)
+                    )));
+                }
+                let hosts = crate::urls::host_list(scheme, list, false)?;
                 Ok(Store::Zk {
-                    hosts: hosts("zk", list)?.join(","),
+                    hosts: hosts
+                        .into_iter()
+                        .map(|h| h.raw)
+                        .collect::<Vec<_>>()
+                        .join(","),
                     chroot,
                 })
             }
@@ -345,7 +428,7 @@ fn feature_of(store: &Store) -> &'static str {
 /// assert_eq!(provider.namespace(), "billing");
 /// # Ok::<(), lease::LeaseError>(())
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StoreConfig {
     /// The store URL (see [`URL_FORMS`]).
@@ -409,6 +492,19 @@ pub fn parse_duration(what: &str, text: &str) -> Result<Duration> {
             "{what} {text:?} is not a duration like 30s or 1m 30s: {e}"
         ))
     })
+}
+
+impl std::fmt::Debug for StoreConfig {
+    /// Like the derived form, with the store URL's passwords redacted.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreConfig")
+            .field("store", &crate::redact(&self.store))
+            .field("namespace", &self.namespace)
+            .field("default_ttl", &self.default_ttl)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .finish()
+    }
 }
 
 impl StoreConfig {
@@ -600,7 +696,18 @@ mod tests {
             ("redlock://a:1,b:2", "at least 3"),
             ("redlock://a:1,,c:3", "host:port"),
             ("etcd://", "host:port"),
-            ("redis://", "needs a host"),
+            ("redis://", "has no host"),
+            ("etcd://a:99999", "is not host:port"),
+            ("etcd://a", "needs a port"),
+            ("zk://a:1,a:1/x", "twice"),
+            ("redlock://a:1,b:2,A:1", "twice"),
+            (
+                "postgres://u@h/db?lease_tabel=x",
+                "unknown parameter \"lease_tabel\"",
+            ),
+            ("redis://h:1?db=3", "unknown parameter"),
+            ("etcd://u:p@a:1", "cannot use credentials"),
+            ("memory://x", "takes nothing"),
         ];
         for (url, expected) in cases {
             let err = Store::parse(url).unwrap_err().to_string();

@@ -35,9 +35,11 @@
 #![warn(missing_docs)]
 
 mod config;
+mod urls;
 
 pub use config::{Store, StoreConfig, URL_FORMS, connect, memory, parse_duration};
 pub use lease_api::*;
+pub use urls::redact;
 
 #[cfg(feature = "etcd")]
 pub use lease_etcd;
