@@ -68,9 +68,21 @@ pub enum LeaseError {
     /// The provider was configured wrongly (bad URL, bad identifier, ...).
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// The store refused who we are: a wrong user or password, a server
+    /// certificate that is not trusted or does not match the host, or a
+    /// missing permission. Not transient: a person must fix the credentials,
+    /// the CA or the grants (the `lease` command exits 78).
+    #[error("access denied: {message}")]
+    Denied {
+        /// What was refused, in words (never the secret itself).
+        message: String,
+        /// The client's error, when there is one.
+        #[source]
+        source: Option<BoxError>,
+    },
     /// The store refused the operation or answered with something the
-    /// provider did not expect (permissions, authentication, a missing table, a
-    /// wrong data type). Not transient: retrying will not help.
+    /// provider did not expect (a missing table, a wrong data type, a script
+    /// error). Not transient: retrying will not help.
     #[error("store error: {message}")]
     Backend {
         /// What failed, in words.
@@ -93,6 +105,14 @@ impl LeaseError {
     /// A [`LeaseError::Backend`] with a client error as its source.
     pub fn backend(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
         LeaseError::Backend {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// A [`LeaseError::Denied`] with a client error as its source.
+    pub fn denied(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        LeaseError::Denied {
             message: message.into(),
             source: Some(source.into()),
         }

@@ -37,6 +37,8 @@ const EXIT_NOT_EXECUTABLE: u8 = 126;
 const EXIT_NOT_FOUND: u8 = 127;
 const EXIT_FREE: u8 = 3;
 const EXIT_SUPERVISOR: u8 = 70;
+/// The store refused our credentials, certificate or permissions (EX_CONFIG).
+const EXIT_DENIED: u8 = 78;
 /// How long `lease` waits at exit for background clean-ups (cancels of
 /// acquires that timed out but may still run).
 const FLUSH_LIMIT: Duration = Duration::from_secs(5);
@@ -47,6 +49,8 @@ Exit codes:
   64   usage or configuration error
   69   the store is unavailable
   75   not acquired: the key stayed held for the whole wait
+  78   access denied: a wrong password, an untrusted server certificate or a
+       missing permission
   79   the lease was lost while the command ran; the command was stopped
   126  the command is not executable; 127: not found (checked before acquiring)
   129, 130, 143  `lease run` got SIGHUP, SIGINT or SIGTERM: the command was
@@ -96,6 +100,7 @@ $LEASE_TOKEN). `lease status` and a refused run show the holder: user@host:pid
 of the `lease` process, or what --holder / LEASE_HOLDER set.
 
 Exit codes: the command's own; 64 usage; 69 store unavailable; 75 not acquired;
+78 access denied (credentials, certificate, permission);
 79 lease lost; 126/127 command not executable/not found; 129/130/143 signals.
 
 Examples:
@@ -276,6 +281,7 @@ fn error_code(e: &LeaseError) -> u8 {
     match e {
         LeaseError::Unavailable { .. } | LeaseError::Timeout { .. } => EXIT_UNAVAILABLE,
         LeaseError::Backend { .. } => EXIT_UNAVAILABLE,
+        LeaseError::Denied { .. } => EXIT_DENIED,
         _ => EXIT_USAGE,
     }
 }

@@ -564,6 +564,16 @@ fn passwords_in_store_urls_are_never_printed() {
     );
     assert_eq!(out.status.code(), Some(0), "{text}");
     assert!(!text.contains(PW), "{text}");
+    // A wrong password is access denied (78), not "unavailable".
+    let wrong = format!("redis://:not-{PW}@127.0.0.1:{}", server.port());
+    let out = output({
+        let mut c = lease();
+        c.args(["--store", &wrong, "run", "--key", "k", "--", "true"]);
+        c
+    });
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{text}");
+    assert!(!text.contains(PW) && text.contains("denied"), "{text}");
 }
 
 #[test]

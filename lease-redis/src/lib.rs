@@ -25,6 +25,18 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ## TLS and authentication
+//!
+//! `rediss://user:password@host:port/db` connects over TLS (rustls) and
+//! verifies the server's certificate against the system's roots
+//! (`SSL_CERT_FILE` and `SSL_CERT_DIR` are honoured), or against a private CA
+//! given as `?ca=/path/to/ca.pem`. `user:password` is a Redis 6+ ACL user
+//! (`:password` alone is the default user's `requirepass`). A wrong password, a
+//! disabled user, a missing ACL permission or a certificate that fails
+//! verification is [`LeaseError::Denied`](lease_api::LeaseError::Denied), never
+//! `Unavailable`, so nothing retries it. Passwords never appear in `Debug`,
+//! errors or logs: the provider shows the server as `scheme://host:port`.
+//!
 //! ## Key layout
 //!
 //! A lease on `key` in namespace `ns` is the string key `{ns|key}:lease` holding

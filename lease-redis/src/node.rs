@@ -67,14 +67,93 @@ fn describe(url: &str) -> String {
     }
 }
 
+/// Opens a client for `url`. `rediss://` verifies the server's certificate
+/// against the system's roots (`SSL_CERT_FILE` and `SSL_CERT_DIR` are honoured),
+/// or against the CA in the PEM file named by a `ca=` query parameter.
+fn open_client(url: &str, display: &str) -> Result<redis::Client> {
+    let bad = |e: &dyn std::fmt::Display| {
+        LeaseError::Config(format!(
+            "invalid Redis URL {display:?} ({e}); expected redis://[user:password@]host[:port][/db] or rediss://...[?ca=/path/ca.pem]"
+        ))
+    };
+    let mut parsed = url::Url::parse(url).map_err(|e| bad(&e))?;
+    let ca = parsed
+        .query_pairs()
+        .find(|(k, _)| k == "ca")
+        .map(|(_, v)| v.into_owned());
+    let Some(ca) = ca else {
+        // rustls needs its crypto provider chosen once per process.
+        if parsed.scheme() == "rediss" {
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        return redis::Client::open(url).map_err(|e| bad(&e));
+    };
+    if parsed.scheme() != "rediss" {
+        return Err(LeaseError::Config(format!(
+            "{display}: ca= is for TLS; use rediss://"
+        )));
+    }
+    let rest: Vec<(String, String)> = parsed
+        .query_pairs()
+        .filter(|(k, _)| k != "ca")
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    parsed.set_query(None);
+    if !rest.is_empty() {
+        parsed.query_pairs_mut().extend_pairs(rest);
+    }
+    let root = std::fs::read(&ca).map_err(|e| {
+        LeaseError::Config(format!("{display}: cannot read the CA file {ca:?}: {e}"))
+    })?;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    redis::Client::build_with_tls(
+        parsed.as_str(),
+        redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(root),
+        },
+    )
+    .map_err(|e| bad(&e))
+}
+
+/// True when `e` (or what caused it) is a TLS failure: an untrusted or
+/// mismatched certificate is a matter of configuration, not of reachability.
+fn is_tls_failure(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if err.downcast_ref::<rustls::Error>().is_some() {
+            return true;
+        }
+        // The redis crate keeps I/O errors behind an `Arc<dyn Error>`, which
+        // hides rustls's error type from downcasts: read rustls's own words.
+        let text = err.to_string();
+        if [
+            "invalid peer certificate",
+            "received fatal alert",
+            "peer is incompatible",
+            "peer sent no certificates",
+        ]
+        .iter()
+        .any(|m| text.contains(m))
+        {
+            return true;
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && io
+                .get_ref()
+                .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
+        {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
 impl Node {
     pub(crate) fn new(url: &str, timeouts: Timeouts) -> Result<Self> {
         let display = describe(url);
-        let client = redis::Client::open(url).map_err(|e| {
-            LeaseError::Config(format!(
-                "invalid Redis URL {display:?} ({e}); expected redis://[:password@]host[:port][/db] or rediss://..."
-            ))
-        })?;
+        let client = open_client(url, &display)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeouts.connect))
             .set_response_timeout(Some(timeouts.response))
@@ -113,6 +192,30 @@ impl Node {
                 operation: "a Redis call",
                 after: self.timeouts.response,
             };
+        }
+        let noperm = matches!(
+            e.kind(),
+            ErrorKind::AuthenticationFailed | ErrorKind::Server(ServerErrorKind::NoPerm)
+        ) || e
+            .code()
+            .is_some_and(|c| matches!(c, "NOAUTH" | "WRONGPASS" | "NOPERM"));
+        if noperm {
+            return LeaseError::denied(
+                format!(
+                    "Redis at {} refused our credentials or permissions",
+                    self.display
+                ),
+                e,
+            );
+        }
+        if is_tls_failure(&e) {
+            return LeaseError::denied(
+                format!(
+                    "the TLS handshake with Redis at {} failed (is its certificate signed by a trusted CA, for this host?)",
+                    self.display
+                ),
+                e,
+            );
         }
         // "Loading", "try again", "cluster down", "master down" and "read only"
         // (a replica after failover) pass with time; NOPERM, WRONGTYPE, a bad

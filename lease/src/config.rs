@@ -8,7 +8,7 @@ use lease_api::{DEFAULT_NAMESPACE, LeaseError, LeaseProvider, MemoryProvider, Re
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// The store URL forms this crate understands.
-pub const URL_FORMS: &str = "memory://, redis://host:port[/db], rediss://..., \
+pub const URL_FORMS: &str = "memory://, redis://host:port[/db], rediss://...[?ca=/path/ca.pem], \
 redlock://host1:port,host2:port,host3:port, postgres://user@host/db[?lease_table=schema.table], \
 etcd://host1:port[,host2:port] (etcds:// for TLS), zk://host1:port[,host2:port][/chroot]";
 
@@ -142,7 +142,7 @@ impl Store {
                 Ok(Store::Memory)
             }
             "redis" | "rediss" => {
-                let parsed = crate::urls::single(url, &["protocol"])?;
+                let parsed = crate::urls::single(url, &["protocol", "ca"])?;
                 let db = parsed.path().trim_matches('/');
                 if !db.is_empty() && db.parse::<u32>().is_err() {
                     return Err(config_err(format!(
