@@ -23,6 +23,17 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ## TLS and authentication
+//!
+//! TLS follows libpq's URL parameters: `sslmode=verify-full&sslrootcert=/path/ca.pem`
+//! verifies the server's certificate and host name against a private CA
+//! (rustls; without `sslrootcert`, the system's roots). Passwords (SCRAM or md5)
+//! go in the URL or the `password` parameter. A wrong password, a login the
+//! server's pg_hba refuses (for example a plain connection where only TLS is
+//! allowed), a missing privilege or a failed certificate check is
+//! [`LeaseError::Denied`](lease_api::LeaseError::Denied), never `Unavailable`.
+//! The provider shows the server as `postgres://host:port`, never the URL.
+//!
 //! ## Table layout
 //!
 //! ```sql

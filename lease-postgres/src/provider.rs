@@ -130,6 +130,21 @@ impl std::fmt::Debug for PostgresProvider {
 /// miss every release until the process restarts.
 const LISTEN_HEARTBEAT: Duration = Duration::from_secs(15);
 
+/// A failed TLS handshake or certificate check, a refused login (28xxx:
+/// wrong password, no pg_hba entry such as a plain connection where only TLS
+/// is allowed) or a missing privilege (42501).
+fn is_denied(e: &sqlx::Error) -> bool {
+    let rustls_refused = |io: &std::io::Error| {
+        io.get_ref()
+            .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
+    };
+    matches!(e, sqlx::Error::Tls(_))
+        || matches!(e, sqlx::Error::Io(io) if rustls_refused(io))
+        || matches!(e, sqlx::Error::Database(d) if d.code().is_some_and(|c| {
+            c.starts_with("28") || c.as_ref() == "42501"
+        }))
+}
+
 fn is_unavailable(e: &sqlx::Error) -> bool {
     matches!(
         e,
@@ -137,7 +152,6 @@ fn is_unavailable(e: &sqlx::Error) -> bool {
             | sqlx::Error::PoolTimedOut
             | sqlx::Error::PoolClosed
             | sqlx::Error::WorkerCrashed
-            | sqlx::Error::Tls(_)
             | sqlx::Error::Protocol(_)
     ) || matches!(e, sqlx::Error::Database(d) if d.code().is_some_and(|c| {
         // 57P01..57P03: admin shutdown, crash shutdown, cannot connect now; 08xxx:
@@ -165,6 +179,8 @@ impl PostgresProvider {
                 "a PostgreSQL URL starts with postgres:// or postgresql://".into(),
             ));
         }
+        // rustls needs its crypto provider chosen once per process (sslmode).
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let options: PgConnectOptions = config.url.parse().map_err(|e| {
             LeaseError::Config(format!(
                 "invalid PostgreSQL URL ({e}); expected postgres://user[:password]@host[:port]/database"
@@ -238,6 +254,15 @@ impl PostgresProvider {
     }
 
     fn map_err(&self, e: sqlx::Error) -> LeaseError {
+        if is_denied(&e) {
+            return LeaseError::denied(
+                format!(
+                    "PostgreSQL at {} refused our credentials, certificate check or permissions",
+                    self.inner.display
+                ),
+                e,
+            );
+        }
         if is_unavailable(&e) {
             LeaseError::unavailable(
                 format!("PostgreSQL at {} is unreachable", self.inner.display),

@@ -402,3 +402,79 @@ async fn takeover_waits_for_an_open_fenced_transaction() {
     );
     assert!(next.token() > lease.token());
 }
+
+/// `sslmode=verify-full` with a CA made at test time, against a server that
+/// takes TCP clients only over TLS and only with SCRAM passwords: leases work
+/// (the waiter is notified over the TLS LISTEN connection); a wrong password,
+/// a plain connection, an untrusted CA and a certificate for another host name
+/// are `Denied` within the timeout, never `Unavailable`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_full_tls_with_scram_works_and_refusals_are_denied() {
+    let ca = lease_testkit::TestCa::new();
+    let server = lease_testkit::owned_postgres_tls(&ca, "scram-pw");
+    let at = |host: &str, password: &str, query: String| {
+        format!(
+            "postgres://postgres:{password}@{host}:{}/postgres?{query}",
+            server.port()
+        )
+    };
+    let verify = |ca_file: &std::path::Path| {
+        format!("sslmode=verify-full&sslrootcert={}", ca_file.display())
+    };
+    let make = |url: String| {
+        PostgresProvider::new(
+            PostgresConfig::new(url).timeouts(Duration::from_secs(2), Duration::from_secs(2)),
+        )
+        .unwrap()
+    };
+    let good = at("localhost", "scram-pw", verify(&ca.ca()));
+    let holder = make(good.clone());
+    let waiter = Arc::new(make(good));
+    let k = LeaseKey::new(unique("tls")).unwrap();
+    let held = holder
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    let (w, k2) = (Arc::clone(&waiter), k.clone());
+    let waiting = tokio::spawn(async move { acquire(&w, &k2, TTL, TTL).await });
+    // Let the waiter LISTEN and find the key held.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    holder.release(&held).await.unwrap();
+    let released = Instant::now();
+    let got = waiting.await.unwrap().unwrap().expect("acquired");
+    assert!(
+        released.elapsed() < Duration::from_secs(5),
+        "the waiter was not notified over TLS: {:?}",
+        released.elapsed()
+    );
+    assert!(got.token() > held.token());
+
+    let other_ca = lease_testkit::TestCa::new();
+    for (what, url) in [
+        (
+            "a wrong password",
+            at("localhost", "wrong", verify(&ca.ca())),
+        ),
+        (
+            "a plain connection",
+            at("localhost", "scram-pw", "sslmode=disable".into()),
+        ),
+        (
+            "an untrusted CA",
+            at("localhost", "scram-pw", verify(&other_ca.ca())),
+        ),
+        // The certificate names localhost and 127.0.0.1, not this name.
+        (
+            "another host name",
+            at("127.0.0.2", "scram-pw", verify(&ca.ca())),
+        ),
+    ] {
+        let started = Instant::now();
+        let err = make(url).try_acquire(&k, TTL).await.unwrap_err();
+        assert!(matches!(err, LeaseError::Denied { .. }), "{what}: {err:?}");
+        assert!(!err.to_string().contains("scram-pw"), "{what}: {err}");
+        assert!(started.elapsed() < Duration::from_secs(5), "{what}");
+    }
+}

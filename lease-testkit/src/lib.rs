@@ -475,6 +475,72 @@ fn postgres_user() -> Option<(u32, u32)> {
 /// # Panics
 /// When initdb or the server fails; the message shows the log.
 pub fn owned_postgres() -> OwnedProcess {
+    postgres_process(&["--auth=trust"], |_| Vec::new())
+}
+
+/// A private PostgreSQL that accepts TCP clients only over TLS (a server
+/// certificate from `ca`) and only with SCRAM passwords: the superuser
+/// `postgres` has `password`. Local socket connections are trusted. It also
+/// listens on 127.0.0.2, which the certificate does not name.
+pub fn owned_postgres_tls(ca: &TestCa, password: &str) -> OwnedProcess {
+    let pwfile = TempDir::new("lease-pw");
+    let pw = pwfile.path().join("pw");
+    std::fs::write(&pw, format!("{password}\n")).expect("write the password file");
+    let _ = Command::new("chmod")
+        .args(["0755"])
+        .arg(pwfile.path())
+        .status();
+    let _ = Command::new("chmod").args(["0644"]).arg(&pw).status();
+    let (cert, key) = ca.server();
+    postgres_process(
+        &[
+            "--auth-local=trust",
+            "--auth-host=scram-sha-256",
+            &format!("--pwfile={}", pw.display()),
+        ],
+        |data| {
+            // The server wants its key private to the user it runs as.
+            for (from, to) in [(&cert, "server.crt"), (&key, "server.key")] {
+                std::fs::copy(from, data.join(to)).expect("copy the server certificate");
+            }
+            let _ = Command::new("chmod")
+                .arg("0600")
+                .arg(data.join("server.key"))
+                .status();
+            if let Some((uid, gid)) = postgres_user() {
+                let _ = Command::new("chown")
+                    .arg(format!("{uid}:{gid}"))
+                    .arg(data.join("server.crt"))
+                    .arg(data.join("server.key"))
+                    .status();
+            }
+            std::fs::write(
+                data.join("pg_hba.conf"),
+                "local all all trust\n\
+                 hostssl all all 127.0.0.0/8 scram-sha-256\n\
+                 hostnossl all all 127.0.0.0/8 reject\n",
+            )
+            .expect("write pg_hba.conf");
+            [
+                "ssl=on",
+                "ssl_cert_file=server.crt",
+                "ssl_key_file=server.key",
+                // 127.0.0.2 too: an address the certificate does not name.
+                "listen_addresses=127.0.0.1,127.0.0.2",
+            ]
+            .iter()
+            .flat_map(|c| ["-c".to_owned(), (*c).to_owned()])
+            .collect()
+        },
+    )
+}
+
+/// initdb with `initdb_args`, then `configure(data dir)` (which returns extra
+/// server arguments), then the server on a free port.
+fn postgres_process(
+    initdb_args: &[&str],
+    configure: impl FnOnce(&Path) -> Vec<String>,
+) -> OwnedProcess {
     let bindir = pg_bindir();
     let port = free_port();
     let dir = TempDir::new("lease-postgres");
@@ -491,7 +557,8 @@ pub fn owned_postgres() -> OwnedProcess {
     initdb
         .arg("-D")
         .arg(&data)
-        .args(["-U", "postgres", "--auth=trust", "-E", "UTF8"]);
+        .args(["-U", "postgres", "-E", "UTF8"])
+        .args(initdb_args);
     if let Some((uid, gid)) = run_as {
         initdb.uid(uid).gid(gid);
     }
@@ -503,7 +570,7 @@ pub fn owned_postgres() -> OwnedProcess {
         "initdb failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let args = vec![
+    let mut args = vec![
         "-D".into(),
         data.display().to_string(),
         "-p".into(),
@@ -515,6 +582,7 @@ pub fn owned_postgres() -> OwnedProcess {
         "-c".into(),
         "fsync=on".into(),
     ];
+    args.extend(configure(&data));
     let mut p = OwnedProcess {
         name: "postgres".into(),
         program: bindir.join("postgres"),
