@@ -542,7 +542,7 @@ pub async fn raw_for(name: &str, store: &Store) -> Result<Option<Box<dyn Raw>>> 
                 .map_err(err)?;
             Some(Box::new(PgRaw { pool }))
         }
-        Store::Etcd(eps) => Some(Box::new(EtcdRaw {
+        Store::Etcd { endpoints: eps, .. } => Some(Box::new(EtcdRaw {
             client: etcd_client::Client::connect(eps, None).await.map_err(err)?,
             leases: HashMap::new(),
         })),
@@ -585,7 +585,7 @@ pub async fn peer_for(name: &str, store: &Store) -> Result<Option<Box<dyn Peer>>
             let conn = pool.acquire().await.map_err(err)?;
             Some(Box::new(PgAdvisory { pool, conn }))
         }
-        Store::Etcd(eps) => Some(Box::new(EtcdLock {
+        Store::Etcd { endpoints: eps, .. } => Some(Box::new(EtcdLock {
             client: etcd_client::Client::connect(eps, None).await.map_err(err)?,
             held: HashMap::new(),
         })),

@@ -514,7 +514,11 @@ fn passwords_in_store_urls_are_never_printed() {
             format!("postgres://lease:{PW}@127.0.0.1:1/lease?lease_tabel=x"),
             64,
         ),
-        (format!("etcd://root:{PW}@127.0.0.1:1"), 64),
+        (format!("etcd://root:{PW}@127.0.0.1:1"), 69),
+        (
+            format!("etcds://root:{PW}@127.0.0.1:1?ca=/nonexistent.pem"),
+            64,
+        ),
         (format!("zk://digest:{PW}@127.0.0.1:1"), 64),
         (format!("redis:/:{PW}@127.0.0.1:1"), 64),
     ];

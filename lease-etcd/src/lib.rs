@@ -19,6 +19,20 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ## TLS and authentication
+//!
+//! `https://` endpoints use rustls: [`EtcdTls`] names the CA of the servers'
+//! certificates (the system's roots otherwise) and a client certificate for
+//! servers started with `--client-cert-auth`; [`EtcdConfig::credentials`] logs
+//! in as an etcd user (`auth enable`). The `lease` facade reads all of it from
+//! `etcds://user:password@h1:p,h2:p?ca=/ca.pem&cert=/client.pem&key=/client.key`.
+//! A wrong password, a user without permission on the `lease/` prefix or a
+//! server certificate that fails verification is
+//! [`LeaseError::Denied`](lease_api::LeaseError::Denied). One refusal cannot be
+//! told apart from a network failure: under TLS 1.3 a server that rejects a
+//! missing client certificate does so after the handshake, so the client sees a
+//! closed connection and reports `Unavailable`.
+//!
 //! ## How it works
 //!
 //! - **Key layout**: `lease/<namespace>/<key>`, the namespace percent-encoded so it
@@ -77,4 +91,4 @@
 
 mod provider;
 
-pub use provider::{EtcdConfig, EtcdProvider};
+pub use provider::{EtcdConfig, EtcdProvider, EtcdTls};

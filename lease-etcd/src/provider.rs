@@ -17,12 +17,26 @@ use lease_api::{
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
-/// How to reach etcd.
-#[derive(Clone, Debug)]
+/// TLS settings for `https://` endpoints.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EtcdTls {
+    /// The CA that signed the servers' certificates (PEM); the system's roots
+    /// when `None`.
+    pub ca: Option<std::path::PathBuf>,
+    /// A client certificate and its key (PEM), for servers started with
+    /// `--client-cert-auth`.
+    pub identity: Option<(std::path::PathBuf, std::path::PathBuf)>,
+}
+
+/// How to reach etcd. `Debug` never shows the password.
+#[derive(Clone)]
 pub struct EtcdConfig {
-    /// One or more endpoints, `http://host:port` (or `https://` with TLS set up
-    /// through etcd-client's features).
+    /// One or more endpoints, `http://host:port` or `https://host:port`.
     pub endpoints: Vec<String>,
+    /// An etcd user and password (etcd's `auth enable`), if any.
+    pub credentials: Option<(String, String)>,
+    /// TLS settings for `https://` endpoints.
+    pub tls: EtcdTls,
     /// The namespace; providers in different namespaces never see each other.
     pub namespace: String,
     /// How long to wait for a connection.
@@ -40,6 +54,8 @@ impl EtcdConfig {
     {
         EtcdConfig {
             endpoints: endpoints.into_iter().map(Into::into).collect(),
+            credentials: None,
+            tls: EtcdTls::default(),
             namespace: DEFAULT_NAMESPACE.into(),
             connect_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(3),
@@ -57,6 +73,31 @@ impl EtcdConfig {
         self.connect_timeout = connect;
         self.request_timeout = request;
         self
+    }
+
+    /// Authenticates as an etcd user.
+    pub fn credentials(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.credentials = Some((user.into(), password.into()));
+        self
+    }
+
+    /// Sets the TLS settings (used with `https://` endpoints).
+    pub fn tls(mut self, tls: EtcdTls) -> Self {
+        self.tls = tls;
+        self
+    }
+}
+
+impl std::fmt::Debug for EtcdConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdConfig")
+            .field("endpoints", &self.endpoints)
+            .field("user", &self.credentials.as_ref().map(|(u, _)| u))
+            .field("tls", &self.tls)
+            .field("namespace", &self.namespace)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .finish()
     }
 }
 
@@ -210,6 +251,25 @@ impl EtcdProvider {
     }
 
     fn map_err(&self, e: etcd_client::Error) -> LeaseError {
+        // 3 (a refused user or password), 7 permission denied, 16 unauthenticated.
+        let refused = match &e {
+            etcd_client::Error::GRpcStatus(s) => {
+                matches!(i32::from(s.code()), 7 | 16)
+                    || s.message().contains("authentication failed")
+                    || s.message().contains("user name is empty")
+                    || s.message().contains("permission denied")
+            }
+            _ => false,
+        };
+        if refused || lease_api::backend::is_tls_refusal(&e) {
+            return LeaseError::denied(
+                format!(
+                    "etcd at {} refused our credentials, certificate or permissions",
+                    self.inner.display
+                ),
+                e,
+            );
+        }
         let unavailable = match &e {
             etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
             etcd_client::Error::GRpcStatus(s) => status_unavailable(i32::from(s.code())),
@@ -225,16 +285,46 @@ impl EtcdProvider {
         }
     }
 
+    fn tls_options(&self) -> Result<etcd_client::TlsOptions> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let read = |what: &str, path: &std::path::Path| {
+            std::fs::read(path).map_err(|e| {
+                LeaseError::Config(format!(
+                    "cannot read the etcd {what} {}: {e}",
+                    path.display()
+                ))
+            })
+        };
+        let t = &self.inner.config.tls;
+        let mut tls = etcd_client::TlsOptions::new();
+        if let Some(ca) = &t.ca {
+            tls = tls.ca_certificate(etcd_client::Certificate::from_pem(read("CA", ca)?));
+        }
+        if let Some((cert, key)) = &t.identity {
+            tls = tls.identity(etcd_client::Identity::from_pem(
+                read("client certificate", cert)?,
+                read("client key", key)?,
+            ));
+        }
+        Ok(tls)
+    }
+
     async fn client(&self) -> Result<Client> {
         let c = &self.inner.config;
         let client = self
             .inner
             .client
             .get_or_try_init(|| async {
-                let options = ConnectOptions::new()
+                let mut options = ConnectOptions::new()
                     .with_connect_timeout(c.connect_timeout)
                     .with_timeout(c.request_timeout)
                     .with_keep_alive(Duration::from_secs(5), c.request_timeout);
+                if let Some((user, password)) = &c.credentials {
+                    options = options.with_user(user.as_str(), password.as_str());
+                }
+                if c.endpoints.iter().any(|e| e.starts_with("https://")) {
+                    options = options.with_tls(self.tls_options()?);
+                }
                 match tokio::time::timeout(
                     c.connect_timeout + c.request_timeout,
                     Client::connect(&c.endpoints, Some(options)),

@@ -195,3 +195,90 @@ async fn a_restart_extends_leases_no_further_than_declared() {
     );
     waiter.release(&next).await.unwrap();
 }
+
+/// etcd serving only TLS with client-certificate auth, and users enabled:
+/// `app` (read-write on the lease prefix) acquires, waits (the watch runs over
+/// TLS) and releases; a wrong password, a user without permission and an
+/// untrusted CA are `Denied` at once. (A missing client certificate is not
+/// among them: under TLS 1.3 the server refuses it after the handshake, and the
+/// client sees only a closed connection, which reads as `Unavailable`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_client_certificates_and_users_works_and_refusals_are_denied() {
+    use lease_etcd::EtcdTls;
+    use lease_testkit::{TestCa, etcdctl_tls, owned_etcd_tls};
+    let ca = TestCa::new();
+    let server = owned_etcd_tls(&ca);
+    for args in [
+        &["user", "add", "root", "--new-user-password=root-pw"][..],
+        &["user", "add", "app", "--new-user-password=app-pw"],
+        &["user", "add", "nobody", "--new-user-password=nobody-pw"],
+        &["role", "add", "leases"],
+        &[
+            "role",
+            "grant-permission",
+            "leases",
+            "--prefix=true",
+            "readwrite",
+            "lease/",
+        ],
+        &["user", "grant-role", "app", "leases"],
+        &["auth", "enable"],
+    ] {
+        etcdctl_tls(&server, &ca, args);
+    }
+    let endpoint = format!("https://127.0.0.1:{}", server.port());
+    let tls = |ca_file: std::path::PathBuf, with_cert: bool| EtcdTls {
+        ca: Some(ca_file),
+        identity: with_cert.then(|| ca.client()),
+    };
+    let make = |user: &str, password: &str, tls: EtcdTls| {
+        EtcdProvider::new(
+            EtcdConfig::new([endpoint.clone()])
+                .credentials(user, password)
+                .tls(tls)
+                .timeouts(Duration::from_secs(2), Duration::from_secs(2)),
+        )
+        .unwrap()
+    };
+    let holder = make("app", "app-pw", tls(ca.ca(), true));
+    let waiter = Arc::new(make("app", "app-pw", tls(ca.ca(), true)));
+    assert!(!format!("{holder:?}").contains("app-pw"));
+    let k = LeaseKey::new(unique("tls")).unwrap();
+    let held = holder
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    let (w, k2) = (Arc::clone(&waiter), k.clone());
+    let waiting = tokio::spawn(async move { acquire(&w, &k2, TTL, TTL).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    holder.release(&held).await.unwrap();
+    let released = Instant::now();
+    let got = waiting.await.unwrap().unwrap().expect("acquired");
+    assert!(
+        released.elapsed() < Duration::from_secs(3),
+        "the waiter was not woken by its watch over TLS: {:?}",
+        released.elapsed()
+    );
+    assert!(got.token() > held.token());
+
+    let other = TestCa::new();
+    for (what, p) in [
+        ("a wrong password", make("app", "wrong", tls(ca.ca(), true))),
+        (
+            "a user without permission",
+            make("nobody", "nobody-pw", tls(ca.ca(), true)),
+        ),
+        (
+            "an untrusted CA",
+            make("app", "app-pw", tls(other.ca(), true)),
+        ),
+    ] {
+        let started = Instant::now();
+        let err = p.try_acquire(&k, TTL).await.unwrap_err();
+        assert!(matches!(err, LeaseError::Denied { .. }), "{what}: {err:?}");
+        assert!(!err.to_string().contains("-pw"), "{what}: {err}");
+        assert!(started.elapsed() < Duration::from_secs(5), "{what}");
+    }
+}

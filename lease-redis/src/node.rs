@@ -119,30 +119,14 @@ fn open_client(url: &str, display: &str) -> Result<redis::Client> {
 /// True when `e` (or what caused it) is a TLS failure: an untrusted or
 /// mismatched certificate is a matter of configuration, not of reachability.
 fn is_tls_failure(e: &(dyn std::error::Error + 'static)) -> bool {
+    // The redis crate keeps I/O errors behind an `Arc<dyn Error>`, which hides
+    // rustls's error type from downcasts: rustls's own wording is read too.
+    if lease_api::backend::is_tls_refusal(e) {
+        return true;
+    }
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = cur {
         if err.downcast_ref::<rustls::Error>().is_some() {
-            return true;
-        }
-        // The redis crate keeps I/O errors behind an `Arc<dyn Error>`, which
-        // hides rustls's error type from downcasts: read rustls's own words.
-        let text = err.to_string();
-        if [
-            "invalid peer certificate",
-            "received fatal alert",
-            "peer is incompatible",
-            "peer sent no certificates",
-        ]
-        .iter()
-        .any(|m| text.contains(m))
-        {
-            return true;
-        }
-        if let Some(io) = err.downcast_ref::<std::io::Error>()
-            && io
-                .get_ref()
-                .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
-        {
             return true;
         }
         cur = err.source();

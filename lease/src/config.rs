@@ -32,8 +32,13 @@ pub enum Store {
         /// The lease table.
         table: String,
     },
-    /// `etcd://h1,h2`: endpoints as `http://` (or `https://` from `etcds://`).
-    Etcd(Vec<String>),
+    /// `etcd://h1,h2` or `etcds://[user:password@]h1,h2[?ca=..&cert=..&key=..]`.
+    Etcd {
+        /// Endpoints as `http://` (or `https://` from `etcds://`).
+        endpoints: Vec<String>,
+        /// User, password and TLS files.
+        access: EtcdAccess,
+    },
     /// `zk://h1,h2/chroot`.
     Zk {
         /// `host:port` list.
@@ -45,6 +50,123 @@ pub enum Store {
 
 fn config_err(msg: impl Into<String>) -> LeaseError {
     LeaseError::Config(msg.into())
+}
+
+/// How to authenticate to etcd: from the `etcds://` URL's user info and its
+/// `ca`, `cert` and `key` parameters (PEM file paths). `Debug` hides the password.
+#[derive(Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EtcdAccess {
+    /// The etcd user.
+    pub user: Option<String>,
+    /// The user's password.
+    pub password: Option<String>,
+    /// The CA of the servers' certificates; the system's roots when `None`.
+    pub ca: Option<String>,
+    /// A client certificate, for servers with `--client-cert-auth`.
+    pub cert: Option<String>,
+    /// The client certificate's key.
+    pub key: Option<String>,
+}
+
+impl std::fmt::Debug for EtcdAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdAccess")
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("ca", &self.ca)
+            .field("cert", &self.cert)
+            .field("key", &self.key)
+            .finish()
+    }
+}
+
+/// Decodes `%XX` escapes (user info and parameters in URLs).
+fn percent_decode(s: &str) -> Result<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let byte = s
+                .get(i + 1..i + 3)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| config_err("a bad %-escape in the store URL"))?;
+            out.push(byte);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| config_err("the store URL's %-escapes are not UTF-8"))
+}
+
+/// Parses `etcd://` and `etcds://` after the scheme.
+fn parse_etcd(scheme: &str, rest: &str) -> Result<Store> {
+    let tls = scheme.eq_ignore_ascii_case("etcds");
+    let (authority, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let authority = authority.trim_end_matches('/');
+    let (userinfo, list) = match authority.rsplit_once('@') {
+        Some((u, l)) => (Some(u), l),
+        None => (None, authority),
+    };
+    let mut access = EtcdAccess::default();
+    if let Some(u) = userinfo {
+        let (user, password) = u
+            .split_once(':')
+            .ok_or_else(|| config_err(format!("{scheme}:// credentials are user:password@")))?;
+        access.user = Some(percent_decode(user)?);
+        access.password = Some(percent_decode(password)?);
+    }
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let slot = match k {
+            "ca" => &mut access.ca,
+            "cert" => &mut access.cert,
+            "key" => &mut access.key,
+            other => {
+                return Err(config_err(format!(
+                    "{scheme}:// has the unknown parameter {other:?} (known: ca, cert, key)"
+                )));
+            }
+        };
+        if !tls {
+            return Err(config_err(format!(
+                "{scheme}:// {k}= is for TLS; use etcds://"
+            )));
+        }
+        *slot = Some(percent_decode(v)?);
+    }
+    if access.cert.is_some() != access.key.is_some() {
+        return Err(config_err(format!(
+            "{scheme}:// needs cert= and key= together"
+        )));
+    }
+    let proto = if tls { "https" } else { "http" };
+    Ok(Store::Etcd {
+        endpoints: crate::urls::host_list(scheme, list, false)?
+            .into_iter()
+            .map(|h| format!("{proto}://{}", h.raw))
+            .collect(),
+        access,
+    })
+}
+
+#[cfg(feature = "etcd")]
+fn etcd_config(endpoints: &[String], access: &EtcdAccess) -> lease_etcd::EtcdConfig {
+    let mut config = lease_etcd::EtcdConfig::new(endpoints.to_vec()).tls(lease_etcd::EtcdTls {
+        ca: access.ca.as_ref().map(Into::into),
+        identity: access
+            .cert
+            .as_ref()
+            .zip(access.key.as_ref())
+            .map(|(c, k)| (c.into(), k.into())),
+    });
+    if let (Some(user), Some(password)) = (&access.user, &access.password) {
+        config = config.credentials(user, password);
+    }
+    config
 }
 
 /// The query parameters sqlx understands in a PostgreSQL URL, plus ours.
@@ -94,14 +216,19 @@ impl std::fmt::Display for Store {
                 let sep = if url.contains('?') { '&' } else { '?' };
                 format!("{url}{sep}lease_table={schema}.{table}")
             }
-            Store::Etcd(endpoints) => {
+            Store::Etcd { endpoints, access } => {
                 let scheme = if endpoints.iter().any(|e| e.starts_with("https://")) {
                     "etcds"
                 } else {
                     "etcd"
                 };
+                let user = access
+                    .user
+                    .as_ref()
+                    .map(|u| format!("{u}:***@"))
+                    .unwrap_or_default();
                 format!(
-                    "{scheme}://{}",
+                    "{scheme}://{user}{}",
                     endpoints
                         .iter()
                         .map(|e| strip(e))
@@ -187,19 +314,7 @@ impl Store {
                 };
                 Ok(Store::Postgres { url, schema, table })
             }
-            "etcd" | "etcds" => {
-                let proto = if scheme.eq_ignore_ascii_case("etcds") {
-                    "https"
-                } else {
-                    "http"
-                };
-                Ok(Store::Etcd(
-                    crate::urls::host_list(scheme, rest.trim_end_matches('/'), false)?
-                        .into_iter()
-                        .map(|h| format!("{proto}://{}", h.raw))
-                        .collect(),
-                ))
-            }
+            "etcd" | "etcds" => parse_etcd(scheme, rest),
             "zk" | "zookeeper" => {
                 let (list, chroot) = match rest.find('/') {
                     Some(i) if i + 1 < rest.len() => {
@@ -246,7 +361,10 @@ impl Store {
                 schema: schema.clone(),
                 table: table.clone(),
             },
-            Store::Etcd(_) => Store::Etcd(vec!["http://127.0.0.1:1".into()]),
+            Store::Etcd { .. } => Store::Etcd {
+                endpoints: vec!["http://127.0.0.1:1".into()],
+                access: EtcdAccess::default(),
+            },
             Store::Zk { .. } => Store::Zk {
                 hosts: "127.0.0.1:1".into(),
                 chroot: None,
@@ -261,7 +379,7 @@ impl Store {
             Store::Redis(_) => "redis",
             Store::Redlock(_) => "redlock",
             Store::Postgres { .. } => "postgres",
-            Store::Etcd(_) => "etcd",
+            Store::Etcd { .. } => "etcd",
             Store::Zk { .. } => "zookeeper",
         }
     }
@@ -304,8 +422,8 @@ impl Store {
                 )?))
             }
             #[cfg(feature = "etcd")]
-            Store::Etcd(endpoints) => Ok(Arc::new(lease_etcd::EtcdProvider::new(
-                lease_etcd::EtcdConfig::new(endpoints.clone())
+            Store::Etcd { endpoints, access } => Ok(Arc::new(lease_etcd::EtcdProvider::new(
+                etcd_config(endpoints, access)
                     .namespace(namespace)
                     .timeouts(connect, request),
             )?)),
@@ -376,9 +494,9 @@ impl Store {
                 .await
             }
             #[cfg(feature = "etcd")]
-            Store::Etcd(endpoints) => {
+            Store::Etcd { endpoints, access } => {
                 lease_etcd::EtcdProvider::new(
-                    lease_etcd::EtcdConfig::new(endpoints.clone()).timeouts(connect, request),
+                    etcd_config(endpoints, access).timeouts(connect, request),
                 )?
                 .purge_namespaces(prefix)
                 .await
@@ -409,7 +527,7 @@ fn feature_of(store: &Store) -> &'static str {
         Store::Memory => "memory",
         Store::Redis(_) | Store::Redlock(_) => "redis",
         Store::Postgres { .. } => "postgres",
-        Store::Etcd(_) => "etcd",
+        Store::Etcd { .. } => "etcd",
         Store::Zk { .. } => "zk",
     }
 }
@@ -666,11 +784,17 @@ mod tests {
         );
         assert_eq!(
             Store::parse("etcd://a:2379,b:2379").unwrap(),
-            Store::Etcd(vec!["http://a:2379".into(), "http://b:2379".into()])
+            Store::Etcd {
+                endpoints: vec!["http://a:2379".into(), "http://b:2379".into()],
+                access: EtcdAccess::default()
+            }
         );
         assert_eq!(
             Store::parse("etcds://a:2379").unwrap(),
-            Store::Etcd(vec!["https://a:2379".into()])
+            Store::Etcd {
+                endpoints: vec!["https://a:2379".into()],
+                access: EtcdAccess::default()
+            }
         );
         assert_eq!(
             Store::parse("zk://a:2181,b:2181/apps/lease").unwrap(),
@@ -686,6 +810,33 @@ mod tests {
                 chroot: None
             }
         );
+    }
+
+    #[test]
+    fn etcd_urls_carry_credentials_and_tls_files_and_show_no_password() {
+        let store =
+            Store::parse("etcds://app:p%40ss@a:1,b:2?ca=/ca.pem&cert=/c.pem&key=/k.pem").unwrap();
+        let Store::Etcd { endpoints, access } = &store else {
+            panic!("{store:?}");
+        };
+        assert_eq!(endpoints, &["https://a:1", "https://b:2"]);
+        assert_eq!(access.user.as_deref(), Some("app"));
+        assert_eq!(access.password.as_deref(), Some("p@ss"));
+        assert_eq!(
+            (
+                access.ca.as_deref(),
+                access.cert.as_deref(),
+                access.key.as_deref()
+            ),
+            (Some("/ca.pem"), Some("/c.pem"), Some("/k.pem"))
+        );
+        for shown in [format!("{store}"), format!("{store:?}")] {
+            assert!(
+                !shown.contains("p@ss") && !shown.contains("p%40ss"),
+                "{shown}"
+            );
+            assert!(shown.contains("app:***@"), "{shown}");
+        }
     }
 
     #[test]
@@ -706,7 +857,10 @@ mod tests {
                 "unknown parameter \"lease_tabel\"",
             ),
             ("redis://h:1?db=3", "unknown parameter"),
-            ("etcd://u:p@a:1", "cannot use credentials"),
+            ("zk://u:p@a:1", "cannot use credentials"),
+            ("etcd://a:1?ca=/x", "is for TLS"),
+            ("etcds://a:1?cert=/c", "together"),
+            ("etcds://a:1?tls=1", "unknown parameter"),
             ("memory://x", "takes nothing"),
         ];
         for (url, expected) in cases {

@@ -37,7 +37,7 @@
 mod config;
 mod urls;
 
-pub use config::{Store, StoreConfig, URL_FORMS, connect, memory, parse_duration};
+pub use config::{EtcdAccess, Store, StoreConfig, URL_FORMS, connect, memory, parse_duration};
 pub use lease_api::*;
 pub use urls::redact;
 
