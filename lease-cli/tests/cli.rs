@@ -519,7 +519,7 @@ fn passwords_in_store_urls_are_never_printed() {
             format!("etcds://root:{PW}@127.0.0.1:1?ca=/nonexistent.pem"),
             64,
         ),
-        (format!("zk://digest:{PW}@127.0.0.1:1"), 64),
+        (format!("zk://digest:{PW}@127.0.0.1:1"), 69),
         (format!("redis:/:{PW}@127.0.0.1:1"), 64),
     ];
     for (url, code) in &cases {
@@ -550,7 +550,10 @@ fn passwords_in_store_urls_are_never_printed() {
                 String::from_utf8_lossy(&out.stderr)
             );
             assert!(!text.contains(PW), "{args:?} printed the password:\n{text}");
-            assert_eq!(out.status.code(), Some(*code), "{args:?}:\n{text}");
+            // `acquire` is refused (64) on ZooKeeper whatever the URL says.
+            let zk_acquire = url.starts_with("zk://") && args.contains(&"acquire");
+            let expected = if zk_acquire { 64 } else { *code };
+            assert_eq!(out.status.code(), Some(expected), "{args:?}:\n{text}");
         }
     }
     // A server that requires the password: the run succeeds and logs say nothing of it.

@@ -19,6 +19,17 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ## Authentication and ACLs
+//!
+//! [`ZkConfig::digest`] (or `zk://user:password@hosts/chroot` in the `lease`
+//! facade) logs the session in with ZooKeeper's `digest` scheme, and every node
+//! the provider creates (the `/lease` root, namespace, key and holder nodes,
+//! and the chroot) then carries an ACL that gives that identity all rights and
+//! everyone else only reading: another identity can read who holds a key but
+//! cannot delete a holder node or create keys in the namespace, and gets
+//! [`LeaseError::Denied`](lease_api::LeaseError::Denied). Without a digest the
+//! nodes are open to anyone, as before. Nodes created earlier keep their ACL.
+//!
 //! ## Node layout
 //!
 //! ```text

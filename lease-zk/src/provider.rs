@@ -11,12 +11,12 @@ use lease_api::{
 };
 use tokio::time::Instant;
 use zookeeper_client::{
-    Acls, Client, CreateMode, Error as ZkError, EventType, MultiReadResult, MultiWriteError,
-    MultiWriteResult, OneshotWatcher, SessionState,
+    Acl, Acls, Client, CreateMode, Error as ZkError, EventType, MultiReadResult, MultiWriteError,
+    MultiWriteResult, OneshotWatcher, Permission, SessionState,
 };
 
 /// How to reach ZooKeeper.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ZkConfig {
     /// Comma-separated `host:port` list, e.g. `zk1:2181,zk2:2181,zk3:2181`.
     pub hosts: String,
@@ -31,7 +31,32 @@ pub struct ZkConfig {
     pub connect_timeout: Duration,
     /// How long to wait for one request.
     pub request_timeout: Duration,
+    /// A `digest` identity (user, password). With one, every node the provider
+    /// creates carries an ACL that gives this identity all rights and everyone
+    /// else only reading; without, nodes are open to anyone.
+    pub digest: Option<(String, String)>,
 }
+
+impl std::fmt::Debug for ZkConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZkConfig")
+            .field("hosts", &self.hosts)
+            .field("chroot", &self.chroot)
+            .field("namespace", &self.namespace)
+            .field("session_timeout", &self.session_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("digest_user", &self.digest.as_ref().map(|(u, _)| u))
+            .finish()
+    }
+}
+
+/// Nodes of a provider with a digest identity: all rights to that identity
+/// (`auth`), reading to anyone.
+static SECURED: [Acl; 2] = [
+    Acl::new_const(Permission::ALL, "auth", ""),
+    Acl::new_const(Permission::READ, "world", "anyone"),
+];
 
 impl ZkConfig {
     /// A configuration for `hosts` with defaults for everything else.
@@ -43,7 +68,14 @@ impl ZkConfig {
             session_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(3),
+            digest: None,
         }
+    }
+
+    /// Authenticates with ZooKeeper's `digest` scheme as `user` (see [`ZkConfig::digest`]).
+    pub fn digest(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.digest = Some((user.into(), password.into()));
+        self
     }
 
     /// Sets the namespace.
@@ -243,7 +275,28 @@ impl ZkProvider {
         }
     }
 
+    /// The ACL of every node this provider creates.
+    fn acls(&self) -> Acls<'static> {
+        if self.inner.config.digest.is_some() {
+            Acls::new(&SECURED)
+        } else {
+            Acls::anyone_all()
+        }
+    }
+
     fn map_err(&self, e: ZkError) -> LeaseError {
+        if matches!(
+            e,
+            ZkError::NoAuth | ZkError::AuthFailed | ZkError::InvalidAcl
+        ) {
+            return LeaseError::denied(
+                format!(
+                    "ZooKeeper at {} refused our identity or its ACLs",
+                    self.inner.config.hosts
+                ),
+                e,
+            );
+        }
         if unavailable(&e) {
             LeaseError::unavailable(
                 format!("ZooKeeper at {} is unreachable", self.inner.config.hosts),
@@ -302,9 +355,20 @@ impl ZkProvider {
                 Ok(r) => r.map_err(|e| self.map_err(e))?,
                 Err(_) => return Err(self.timeout_error("the connection")),
             };
+        // The identity, before any node is touched; the client sends it again
+        // after every reconnect.
+        if let Some((user, password)) = &c.digest {
+            let auth = format!("{user}:{password}");
+            match tokio::time::timeout(c.request_timeout, client.auth("digest", auth.as_bytes()))
+                .await
+            {
+                Ok(r) => r.map_err(|e| self.map_err(e))?,
+                Err(_) => return Err(self.timeout_error("the authentication")),
+            }
+        }
         // The chroot is created if missing, then every path is relative to it.
         if let Some(chroot) = &c.chroot {
-            let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
+            let persistent = CreateMode::Persistent.with_acls(self.acls());
             let made = client.mkdir(chroot, &persistent);
             match tokio::time::timeout(c.request_timeout, made).await {
                 Ok(Ok(())) | Ok(Err(ZkError::NodeExists)) => {}
@@ -317,11 +381,7 @@ impl ZkProvider {
         }
         // The namespace node: the parent of every lease, and the clock probe.
         for path in ["/lease", self.inner.ns_path.as_str()] {
-            let created = client.create(
-                path,
-                b"",
-                &CreateMode::Persistent.with_acls(Acls::anyone_all()),
-            );
+            let created = client.create(path, b"", &CreateMode::Persistent.with_acls(self.acls()));
             match tokio::time::timeout(c.request_timeout, created).await {
                 Ok(Ok(_)) | Ok(Err(ZkError::NodeExists)) => {}
                 Ok(Err(e)) => return Err(self.map_err(e)),
@@ -461,7 +521,7 @@ impl ZkProvider {
         let created = client.create(
             &paths.key,
             b"",
-            &CreateMode::Persistent.with_acls(Acls::anyone_all()),
+            &CreateMode::Persistent.with_acls(self.acls()),
         );
         match self.bounded("creating the key node", created).await? {
             Ok(_) | Err(ZkError::NodeExists) => Ok(()),
@@ -480,7 +540,7 @@ impl ZkProvider {
         take_over: Option<Judged>,
     ) -> Result<Result<(i64, i32), ZkError>> {
         let mut w = client.new_multi_writer();
-        let ephemeral = CreateMode::Ephemeral.with_acls(Acls::anyone_all());
+        let ephemeral = CreateMode::Ephemeral.with_acls(self.acls());
         let built = (|| {
             if let Some(judged) = take_over {
                 // The epoch check makes concurrent takeovers exclusive: a fresh

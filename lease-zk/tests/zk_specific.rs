@@ -238,3 +238,68 @@ async fn a_timed_out_acquire_on_a_frozen_server_leaves_no_lease() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// With a digest identity every node the provider makes is writable by that
+/// identity only (readable by anyone): another identity cannot delete the
+/// holder node or take keys in the namespace, and gets `Denied`; the same
+/// identity on another session works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn digest_acls_keep_other_identities_off_the_nodes() {
+    let zk = owned_zk();
+    let ns = "acl";
+    let with = |auth: Option<(&str, &str)>| {
+        let mut c = on_port(zk.port()).namespace(ns);
+        if let Some((user, password)) = auth {
+            c = c.digest(user, password);
+        }
+        ZkProvider::new(c).unwrap()
+    };
+    let owner = with(Some(("app", "app-pw")));
+    assert!(!format!("{owner:?}").contains("app-pw"));
+    let k = LeaseKey::new("batch/7").unwrap();
+    // The first call also waits for the fresh server to serve.
+    let held = until_ok(|| owner.try_acquire(&k, TTL))
+        .await
+        .into_lease()
+        .unwrap();
+
+    // A raw client with another identity: the holder node is readable, not deletable.
+    let intruder = zookeeper_client::Client::connect(&format!("127.0.0.1:{}", zk.port()))
+        .await
+        .unwrap();
+    intruder.auth("digest", b"intruder:x").await.unwrap();
+    let holder = "/lease/acl/batch%2F7/holder";
+    intruder.get_data(holder).await.expect("anyone may read");
+    assert_eq!(
+        intruder.delete(holder, None).await.unwrap_err(),
+        zookeeper_client::Error::NoAuth
+    );
+    assert_eq!(
+        intruder
+            .set_data("/lease/acl/batch%2F7", b"x", None)
+            .await
+            .unwrap_err(),
+        zookeeper_client::Error::NoAuth
+    );
+
+    // Providers with a wrong password or none cannot take keys there.
+    let k2 = LeaseKey::new("batch/8").unwrap();
+    for (what, p) in [
+        ("a wrong password", with(Some(("app", "wrong")))),
+        ("no identity", with(None)),
+    ] {
+        let err = p.try_acquire(&k2, TTL).await.unwrap_err();
+        assert!(matches!(err, LeaseError::Denied { .. }), "{what}: {err:?}");
+        assert!(!err.to_string().contains("pw"), "{what}: {err}");
+    }
+    // The same identity on another session can.
+    let again = with(Some(("app", "app-pw")));
+    let l2 = again
+        .try_acquire(&k2, TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    again.release(&l2).await.unwrap();
+    owner.release(&held).await.unwrap();
+}

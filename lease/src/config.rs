@@ -45,6 +45,9 @@ pub enum Store {
         hosts: String,
         /// Optional chroot.
         chroot: Option<String>,
+        /// A `digest` identity (user, password) from `zk://user:password@...`:
+        /// nodes are then writable by it only.
+        digest: Option<(String, String)>,
     },
 }
 
@@ -236,8 +239,16 @@ impl std::fmt::Display for Store {
                         .join(",")
                 )
             }
-            Store::Zk { hosts, chroot } => {
-                format!("zk://{hosts}{}", chroot.as_deref().unwrap_or(""))
+            Store::Zk {
+                hosts,
+                chroot,
+                digest,
+            } => {
+                let user = digest
+                    .as_ref()
+                    .map(|(u, _)| format!("{u}:***@"))
+                    .unwrap_or_default();
+                format!("zk://{user}{hosts}{}", chroot.as_deref().unwrap_or(""))
             }
         };
         f.write_str(&crate::redact(&shown))
@@ -329,6 +340,19 @@ impl Store {
                         crate::redact(url)
                     )));
                 }
+                let (userinfo, list) = match list.rsplit_once('@') {
+                    Some((u, l)) => (Some(u), l),
+                    None => (None, list),
+                };
+                let digest = match userinfo {
+                    Some(u) => {
+                        let (user, password) = u.split_once(':').ok_or_else(|| {
+                            config_err(format!("{scheme}:// credentials are user:password@"))
+                        })?;
+                        Some((percent_decode(user)?, percent_decode(password)?))
+                    }
+                    None => None,
+                };
                 let hosts = crate::urls::host_list(scheme, list, false)?;
                 Ok(Store::Zk {
                     hosts: hosts
@@ -337,6 +361,7 @@ impl Store {
                         .collect::<Vec<_>>()
                         .join(","),
                     chroot,
+                    digest,
                 })
             }
             other => Err(config_err(format!(
@@ -368,6 +393,7 @@ impl Store {
             Store::Zk { .. } => Store::Zk {
                 hosts: "127.0.0.1:1".into(),
                 chroot: None,
+                digest: None,
             },
         }
     }
@@ -428,12 +454,19 @@ impl Store {
                     .timeouts(connect, request),
             )?)),
             #[cfg(feature = "zk")]
-            Store::Zk { hosts, chroot } => {
+            Store::Zk {
+                hosts,
+                chroot,
+                digest,
+            } => {
                 let mut config = lease_zk::ZkConfig::new(hosts)
                     .namespace(namespace)
                     .timeouts(connect, request);
                 if let Some(c) = chroot {
                     config = config.chroot(c);
+                }
+                if let Some((user, password)) = digest {
+                    config = config.digest(user, password);
                 }
                 Ok(Arc::new(lease_zk::ZkProvider::new(config)?))
             }
@@ -502,10 +535,17 @@ impl Store {
                 .await
             }
             #[cfg(feature = "zk")]
-            Store::Zk { hosts, chroot } => {
+            Store::Zk {
+                hosts,
+                chroot,
+                digest,
+            } => {
                 let mut config = lease_zk::ZkConfig::new(hosts).timeouts(connect, request);
                 if let Some(c) = chroot {
                     config = config.chroot(c);
+                }
+                if let Some((user, password)) = digest {
+                    config = config.digest(user, password);
                 }
                 lease_zk::ZkProvider::new(config)?
                     .purge_namespaces(prefix)
@@ -799,6 +839,7 @@ mod tests {
         assert_eq!(
             Store::parse("zk://a:2181,b:2181/apps/lease").unwrap(),
             Store::Zk {
+                digest: None,
                 hosts: "a:2181,b:2181".into(),
                 chroot: Some("/apps/lease".into())
             }
@@ -806,6 +847,7 @@ mod tests {
         assert_eq!(
             Store::parse("zk://a:2181").unwrap(),
             Store::Zk {
+                digest: None,
                 hosts: "a:2181".into(),
                 chroot: None
             }
@@ -840,6 +882,20 @@ mod tests {
     }
 
     #[test]
+    fn zk_urls_carry_a_digest_identity_and_show_no_password() {
+        let store = Store::parse("zk://app:s%2Fcret@a:1,b:2/apps").unwrap();
+        assert_eq!(
+            store,
+            Store::Zk {
+                hosts: "a:1,b:2".into(),
+                chroot: Some("/apps".into()),
+                digest: Some(("app".into(), "s/cret".into())),
+            }
+        );
+        assert_eq!(store.to_string(), "zk://app:***@a:1,b:2/apps");
+    }
+
+    #[test]
     fn bad_urls_say_what_to_fix() {
         let cases = [
             ("127.0.0.1:6379", "no scheme"),
@@ -857,7 +913,7 @@ mod tests {
                 "unknown parameter \"lease_tabel\"",
             ),
             ("redis://h:1?db=3", "unknown parameter"),
-            ("zk://u:p@a:1", "cannot use credentials"),
+            ("zk://u@a:1", "user:password@"),
             ("etcd://a:1?ca=/x", "is for TLS"),
             ("etcds://a:1?cert=/c", "together"),
             ("etcds://a:1?tls=1", "unknown parameter"),
