@@ -310,6 +310,15 @@ async fn renew_loop(
             .checked_sub(timing.lost_margin)
             .unwrap_or_else(|| lease.valid_until())
     };
+    let backend = provider.capabilities().backend;
+    let fire = |reason: LostReason| {
+        let label = match &reason {
+            LostReason::Revoked => "revoked",
+            LostReason::Expired(_) => "expired",
+        };
+        crate::observe::record_lost(backend, label);
+        shared.fire(reason);
+    };
     loop {
         let (sent_at, deadline) = {
             let l = lock(&shared.lease);
@@ -330,25 +339,27 @@ async fn renew_loop(
                 ))
             };
             if Instant::now() >= deadline {
-                shared.fire(expired(last_error));
+                fire(expired(last_error));
                 return;
             }
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = sleep_until(deadline) => {
-                    shared.fire(expired(last_error));
+                    fire(expired(last_error));
                     return;
                 }
                 result = provider.extend(&current, current.ttl()) => match result {
                     Ok(renewed) => {
+                        crate::observe::record_renewal(backend, true);
                         *lock(&shared.lease) = renewed;
                         break;
                     }
                     Err(e) if e.is_not_held() => {
-                        shared.fire(LostReason::Revoked);
+                        fire(LostReason::Revoked);
                         return;
                     }
                     Err(e) => {
+                        crate::observe::record_renewal(backend, false);
                         tracing::warn!(key = %current.key(), error = %e, "lease renewal failed; retrying until local validity ends");
                         last_error = Some(e);
                         let retry_at = deadline_after(Instant::now(), timing.retry_every).min(deadline);

@@ -163,6 +163,33 @@ pub async fn acquire<P>(
 where
     P: LeaseProvider + ?Sized + 'static,
 {
+    let started = Instant::now();
+    let mut waited = Duration::ZERO;
+    let result = acquire_waiting(provider, key, ttl, wait, &mut waited).await;
+    let outcome = match &result {
+        Ok(Some(_)) => "acquired",
+        Ok(None) => "not_acquired",
+        Err(e) => crate::observe::error_outcome(e),
+    };
+    crate::observe::record_acquire(
+        provider.capabilities().backend,
+        outcome,
+        started.elapsed(),
+        waited,
+    );
+    result
+}
+
+async fn acquire_waiting<P>(
+    provider: &Arc<P>,
+    key: &LeaseKey,
+    ttl: Duration,
+    wait: Duration,
+    waited: &mut Duration,
+) -> Result<Option<Lease>>
+where
+    P: LeaseProvider + ?Sized + 'static,
+{
     // `Duration::MAX` (or any wait past the far future) means "wait forever".
     let deadline = crate::deadline_in(wait);
     let mut backoff = Duration::from_millis(50);
@@ -181,6 +208,7 @@ where
                     .map(|r| r.saturating_add(Duration::from_millis(1)))
                     .unwrap_or(MAX_BLIND_WAIT);
                 watch.changed(until_expiry.min(deadline - now)).await;
+                *waited += now.elapsed();
                 continue;
             }
             Err(e) => e,

@@ -571,6 +571,16 @@ fn passwords_in_store_urls_are_never_printed() {
     );
     assert_eq!(out.status.code(), Some(0), "{text}");
     assert!(!text.contains(PW), "{text}");
+    // -vv shows each store call in its `lease.store` span, with its outcome.
+    for part in [
+        "lease.store",
+        "\"redis\"",
+        "\"acquire\"",
+        "\"acquired\"",
+        "\"release\"",
+    ] {
+        assert!(text.contains(part), "no {part} in:\n{text}");
+    }
     // A wrong password is access denied (78), not "unavailable".
     let wrong = format!("redis://:not-{PW}@127.0.0.1:{}", server.port());
     let out = output({

@@ -390,8 +390,9 @@ async fn expired_lease_is_taken_over_in_time(ctx: Ctx) -> CaseResult {
     // loaded machine a late attempt may legitimately find it expired.
     let mut conclusive = 0;
     let mut early_takeover = None;
-    for fraction in [2u32, 4] {
-        sleep_until(sent + ttl - ttl / fraction).await;
+    // Three looks, the first early, so a loaded machine still gets one in.
+    for at in [ttl / 4, ttl / 2, ttl - ttl / 4] {
+        sleep_until(sent + at).await;
         let outcome = p2.try_acquire(&key, ttl).await?;
         let done = Instant::now();
         if let TryAcquire::Acquired(l) = outcome {

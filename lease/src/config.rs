@@ -422,6 +422,18 @@ impl Store {
         connect: Duration,
         request: Duration,
     ) -> Result<Arc<dyn LeaseProvider>> {
+        // Every store call in a `lease.store` span (and metrics, with the
+        // `metrics` feature).
+        let provider = self.build_unobserved(namespace, connect, request)?;
+        Ok(Arc::new(lease_api::Observed::new(provider)))
+    }
+
+    fn build_unobserved(
+        &self,
+        namespace: &str,
+        connect: Duration,
+        request: Duration,
+    ) -> Result<Arc<dyn LeaseProvider>> {
         lease_api::validate_namespace(namespace)?;
         let _ = (connect, request);
         match self {

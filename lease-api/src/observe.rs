@@ -1,0 +1,234 @@
+//! Observability: a tracing span on every store call, and metrics behind the
+//! `metrics` feature (through the `metrics` facade crate, so any recorder such
+//! as a Prometheus exporter picks them up).
+//!
+//! | name | kind | labels | what |
+//! |---|---|---|---|
+//! | `lease_store_call_seconds` | histogram | backend, op, outcome | one store call through [`Observed`] |
+//! | `lease_acquire_seconds` | histogram | backend, outcome | an [`acquire`](crate::acquire), waiting included |
+//! | `lease_acquire_wait_seconds` | histogram | backend | the part of it spent waiting for the key |
+//! | `lease_renewals_total` | counter | backend | guard renewals that succeeded |
+//! | `lease_renewal_failures_total` | counter | backend | guard renewals that failed (retried until validity ends) |
+//! | `lease_lost_total` | counter | backend, reason | guards whose lost signal fired (`revoked`: the store said so; `expired`: renewals failed until local validity ran out) |
+//!
+//! Outcomes: `acquired`, `held`, `ok`, `free`, `lost`, `not_held`, `unavailable`,
+//! `timeout`, `denied`, `invalid`, `error` (and `not_acquired` for an acquire
+//! whose wait ran out). No label or field ever holds a URL or a secret.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::{
+    Capabilities, KeyWatch, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Result,
+    TryAcquire,
+};
+
+/// The outcome label of an error.
+pub(crate) fn error_outcome(e: &LeaseError) -> &'static str {
+    match e {
+        LeaseError::Lost { .. } => "lost",
+        LeaseError::NotHeld { .. } => "not_held",
+        LeaseError::Unavailable { .. } => "unavailable",
+        LeaseError::Timeout { .. } => "timeout",
+        LeaseError::Denied { .. } => "denied",
+        LeaseError::InvalidKey { .. } | LeaseError::InvalidTtl { .. } | LeaseError::Config(_) => {
+            "invalid"
+        }
+        _ => "error",
+    }
+}
+
+#[cfg(feature = "metrics")]
+mod m {
+    use super::Duration;
+
+    pub(crate) fn call(
+        backend: &'static str,
+        op: &'static str,
+        outcome: &'static str,
+        d: Duration,
+    ) {
+        metrics::histogram!("lease_store_call_seconds", "backend" => backend, "op" => op, "outcome" => outcome)
+            .record(d.as_secs_f64());
+    }
+    pub(crate) fn acquire(
+        backend: &'static str,
+        outcome: &'static str,
+        d: Duration,
+        waited: Duration,
+    ) {
+        metrics::histogram!("lease_acquire_seconds", "backend" => backend, "outcome" => outcome)
+            .record(d.as_secs_f64());
+        metrics::histogram!("lease_acquire_wait_seconds", "backend" => backend)
+            .record(waited.as_secs_f64());
+    }
+    pub(crate) fn renewal(backend: &'static str, ok: bool) {
+        if ok {
+            metrics::counter!("lease_renewals_total", "backend" => backend).increment(1);
+        } else {
+            metrics::counter!("lease_renewal_failures_total", "backend" => backend).increment(1);
+        }
+    }
+    pub(crate) fn lost(backend: &'static str, reason: &'static str) {
+        metrics::counter!("lease_lost_total", "backend" => backend, "reason" => reason)
+            .increment(1);
+    }
+}
+
+#[cfg(not(feature = "metrics"))]
+mod m {
+    use super::Duration;
+
+    pub(crate) fn call(_: &'static str, _: &'static str, _: &'static str, _: Duration) {}
+    pub(crate) fn acquire(_: &'static str, _: &'static str, _: Duration, _: Duration) {}
+    pub(crate) fn renewal(_: &'static str, _: bool) {}
+    pub(crate) fn lost(_: &'static str, _: &'static str) {}
+}
+
+pub(crate) use m::{acquire as record_acquire, lost as record_lost, renewal as record_renewal};
+
+/// Wraps any provider so that every store call runs in a `lease.store`
+/// tracing span (fields: backend, op, key, token, outcome, elapsed) and, with
+/// the `metrics` feature, lands in `lease_store_call_seconds`. The `lease`
+/// facade wraps every provider it builds; wrap providers you build yourself
+/// with [`Observed::new`].
+pub struct Observed<P: ?Sized> {
+    inner: Arc<P>,
+}
+
+impl<P: ?Sized> Observed<P> {
+    /// Observes `inner`.
+    pub fn new(inner: Arc<P>) -> Self {
+        Observed { inner }
+    }
+
+    /// The wrapped provider.
+    pub fn inner(&self) -> &Arc<P> {
+        &self.inner
+    }
+}
+
+impl<P: LeaseProvider + ?Sized> fmt::Debug for Observed<P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.inner, f)
+    }
+}
+
+impl<P: LeaseProvider + ?Sized> Observed<P> {
+    async fn observe<T>(
+        &self,
+        op: &'static str,
+        key: &LeaseKey,
+        token: Option<u64>,
+        call: impl std::future::Future<Output = Result<T>>,
+        ok_outcome: impl FnOnce(&T) -> (&'static str, Option<u64>),
+    ) -> Result<T> {
+        let backend = self.inner.capabilities().backend;
+        let span = tracing::debug_span!(
+            "lease.store",
+            backend,
+            op,
+            key = %key,
+            token = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        );
+        if let Some(t) = token {
+            span.record("token", t);
+        }
+        let started = Instant::now();
+        let result = call.instrument(span.clone()).await;
+        let elapsed = started.elapsed();
+        let outcome = match &result {
+            Ok(v) => {
+                let (outcome, token) = ok_outcome(v);
+                if let Some(t) = token {
+                    span.record("token", t);
+                }
+                outcome
+            }
+            Err(e) => error_outcome(e),
+        };
+        span.record("outcome", outcome);
+        span.in_scope(|| {
+            tracing::debug!(
+                outcome,
+                elapsed_us = elapsed.as_micros() as u64,
+                "store call"
+            );
+        });
+        m::call(backend, op, outcome, elapsed);
+        result
+    }
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl<P: LeaseProvider + ?Sized> LeaseProvider for Observed<P> {
+    fn capabilities(&self) -> &Capabilities {
+        self.inner.capabilities()
+    }
+
+    fn namespace(&self) -> &str {
+        self.inner.namespace()
+    }
+
+    async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
+        self.observe(
+            "acquire",
+            key,
+            None,
+            self.inner.try_acquire(key, ttl),
+            |r| match r {
+                TryAcquire::Acquired(l) => ("acquired", Some(l.token().get())),
+                TryAcquire::Held { .. } => ("held", None),
+            },
+        )
+        .await
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        let token = Some(lease.token().get());
+        self.observe(
+            "extend",
+            lease.key(),
+            token,
+            self.inner.extend(lease, ttl),
+            |_| ("ok", None),
+        )
+        .await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        let token = Some(lease.token().get());
+        self.observe(
+            "release",
+            lease.key(),
+            token,
+            self.inner.release(lease),
+            |_| ("ok", None),
+        )
+        .await
+    }
+
+    async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>> {
+        self.observe("inspect", key, None, self.inner.inspect(key), |i| match i {
+            Some(info) => ("held", Some(info.token.get())),
+            None => ("free", None),
+        })
+        .await
+    }
+
+    async fn watch(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {
+        self.observe("watch", key, None, self.inner.watch(key), |_| ("ok", None))
+            .await
+    }
+
+    async fn flush(&self, limit: Duration) {
+        self.inner.flush(limit).await;
+    }
+}
