@@ -1,4 +1,11 @@
-//! Helpers for backend authors (not needed to use leases).
+//! Helpers for backend authors: what a `LeaseProvider` implementation needs
+//! and a user of leases does not (the crate root holds the user side).
+
+pub use crate::caps::ProbedCapabilities;
+pub use crate::hub::WatchHub;
+pub use crate::key::validate_purge_prefix;
+pub use crate::lease::drift_margin;
+pub use crate::provider::NotifyWatch;
 
 /// True when `e`, or an error that caused it, is a TLS handshake refusal: a
 /// server certificate that is not trusted or does not name the host, or a

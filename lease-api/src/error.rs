@@ -110,6 +110,22 @@ impl LeaseError {
         }
     }
 
+    /// [`LeaseError::Lost`] for `lease`: this owner no longer holds it.
+    pub fn lost(lease: &crate::Lease) -> Self {
+        LeaseError::Lost {
+            key: lease.key().clone(),
+            token: lease.token(),
+        }
+    }
+
+    /// [`LeaseError::NotHeld`] for `lease`: a release found it not held.
+    pub fn not_held(lease: &crate::Lease) -> Self {
+        LeaseError::NotHeld {
+            key: lease.key().clone(),
+            token: lease.token(),
+        }
+    }
+
     /// A [`LeaseError::Denied`] with a client error as its source.
     pub fn denied(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
         LeaseError::Denied {

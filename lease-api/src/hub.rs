@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use tokio::sync::Notify;
 
-use crate::NotifyWatch;
+use crate::provider::NotifyWatch;
 
 /// The waiters of one provider, by key.
 ///

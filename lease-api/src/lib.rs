@@ -65,19 +65,17 @@ mod run;
 mod time;
 
 pub use caps::{
-    Capabilities, DEFAULT_MAX_TTL, ExpiryClock, FailoverExtension, Notifications,
-    ProbedCapabilities, TokenDurability,
+    Capabilities, DEFAULT_MAX_TTL, ExpiryClock, FailoverExtension, Notifications, TokenDurability,
 };
 pub use error::{BoxError, LeaseError, Result};
 pub use fence::{FenceGate, StaleToken};
 pub use guard::{GuardConfig, LeaseGuard, LostReason};
 pub use holder::{MAX_HOLDER_BYTES, holder, set_holder, validate_holder};
-pub use hub::WatchHub;
-pub use key::{LeaseKey, MAX_KEY_BYTES, validate_namespace, validate_purge_prefix};
-pub use lease::{FencingToken, Lease, LeaseInfo, OwnerId, TryAcquire, drift_margin};
+pub use key::{LeaseKey, MAX_KEY_BYTES, validate_namespace};
+pub use lease::{FencingToken, Lease, LeaseInfo, OwnerId, TryAcquire};
 pub use memory::{DEFAULT_NAMESPACE, MemoryProvider, MemoryStore};
 pub use observe::Observed;
-pub use provider::{KeyWatch, LeaseProvider, MAX_BLIND_WAIT, NotifyWatch, SleepWatch, acquire};
+pub use provider::{KeyWatch, LeaseProvider, MAX_BLIND_WAIT, SleepWatch, acquire};
 pub use run::{LeaseContext, RunOptions, RunOutcome, end_after_min_hold, run_with_lease};
 pub use time::{deadline_after, deadline_in};
 pub use tokio_util::sync::CancellationToken;

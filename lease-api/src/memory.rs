@@ -10,10 +10,11 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::provider::NotifyWatch;
 use crate::{
     Capabilities, DEFAULT_MAX_TTL, ExpiryClock, FencingToken, KeyWatch, Lease, LeaseError,
-    LeaseInfo, LeaseKey, LeaseProvider, Notifications, NotifyWatch, OwnerId, Result,
-    TokenDurability, TryAcquire, validate_namespace,
+    LeaseInfo, LeaseKey, LeaseProvider, Notifications, OwnerId, Result, TokenDurability,
+    TryAcquire, validate_namespace,
 };
 
 /// The default namespace of every provider.
@@ -99,7 +100,7 @@ impl MemoryStore {
     /// # Errors
     /// `Config` for an empty prefix; `Unavailable` while the store is down.
     pub fn purge_namespaces(&self, prefix: &str) -> Result<u64> {
-        crate::validate_purge_prefix(prefix)?;
+        crate::backend::validate_purge_prefix(prefix)?;
         let mut state = self.lock()?;
         let before = state.entries.len();
         state.entries.retain(|(ns, _), e| {
@@ -272,10 +273,7 @@ impl LeaseProvider for MemoryProvider {
                 h.expires_at = sent_at + ttl;
                 Ok(lease.renewed(ttl, sent_at))
             }
-            None => Err(LeaseError::Lost {
-                key: lease.key().clone(),
-                token: lease.token(),
-            }),
+            None => Err(LeaseError::lost(lease)),
         }
     }
 
@@ -292,10 +290,7 @@ impl LeaseProvider for MemoryProvider {
                 e.notify.notify_waiters();
                 Ok(())
             }
-            _ => Err(LeaseError::NotHeld {
-                key: lease.key().clone(),
-                token: lease.token(),
-            }),
+            _ => Err(LeaseError::not_held(lease)),
         }
     }
 

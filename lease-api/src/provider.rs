@@ -146,7 +146,7 @@ pub const MAX_BLIND_WAIT: Duration = Duration::from_secs(5);
 ///
 /// While waiting, a store that is briefly unavailable is retried (with backoff)
 /// until the wait runs out; then its error is returned. Errors a retry cannot
-/// fix (see [`LeaseError::is_transient`]) are returned at once. A `wait` of
+/// fix (see [`LeaseError::is_transient`](crate::LeaseError::is_transient)) are returned at once. A `wait` of
 /// `Duration::MAX` waits forever. When the provider cannot set up a watch, the
 /// waiter falls back to retrying when the holder's TTL runs out.
 ///

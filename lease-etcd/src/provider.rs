@@ -235,7 +235,7 @@ impl EtcdProvider {
     /// # Errors
     /// `Config` for an empty prefix; `Unavailable` when etcd is unreachable.
     pub async fn purge_namespaces(&self, prefix: &str) -> Result<u64> {
-        lease_api::validate_purge_prefix(prefix)?;
+        lease_api::backend::validate_purge_prefix(prefix)?;
         let range = format!("lease/{}", encode_namespace(prefix));
         let resp = self
             .call("purge", |mut c| async move {
@@ -424,10 +424,7 @@ impl EtcdProvider {
         if resp.succeeded() {
             Ok(resp)
         } else {
-            Err(LeaseError::Lost {
-                key: lease.key().clone(),
-                token: lease.token(),
-            })
+            Err(LeaseError::lost(lease))
         }
     }
 
@@ -551,10 +548,7 @@ impl LeaseProvider for EtcdProvider {
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
         let ttl = self.inner.caps.grant_ttl(ttl)?;
         let id = lease_id(lease);
-        let lost = || LeaseError::Lost {
-            key: lease.key().clone(),
-            token: lease.token(),
-        };
+        let lost = || LeaseError::lost(lease);
         let sent_at = Instant::now();
         if ttl == lease.ttl() {
             // Keep-alive and a read of the key, in parallel (one round trip of
@@ -636,10 +630,7 @@ impl LeaseProvider for EtcdProvider {
             self.revoke_in_background(lease_id(lease));
             Ok(())
         } else {
-            Err(LeaseError::NotHeld {
-                key: lease.key().clone(),
-                token: lease.token(),
-            })
+            Err(LeaseError::not_held(lease))
         }
     }
 

@@ -4,10 +4,11 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lease_api::backend::{ProbedCapabilities, WatchHub};
 use lease_api::{
     Capabilities, DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, ExpiryClock, FencingToken, KeyWatch, Lease,
-    LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Notifications, OwnerId, ProbedCapabilities,
-    Result, TokenDurability, TryAcquire, WatchHub, validate_namespace,
+    LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Notifications, OwnerId, Result,
+    TokenDurability, TryAcquire, validate_namespace,
 };
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::{Postgres, Row, Transaction};
@@ -325,7 +326,7 @@ impl PostgresProvider {
     /// # Errors
     /// `Config` for an empty prefix; `Unavailable` when the database is down.
     pub async fn purge_namespaces(&self, prefix: &str) -> Result<u64> {
-        lease_api::validate_purge_prefix(prefix)?;
+        lease_api::backend::validate_purge_prefix(prefix)?;
         let done = self
             .bounded(
                 "purge",
@@ -432,10 +433,7 @@ impl PostgresProvider {
             .await?;
         if held.is_none() {
             // Dropping the transaction rolls it back.
-            return Err(LeaseError::Lost {
-                key: lease.key().clone(),
-                token: lease.token(),
-            });
+            return Err(LeaseError::lost(lease));
         }
         Ok(tx)
     }
@@ -601,10 +599,7 @@ impl LeaseProvider for PostgresProvider {
         if done.rows_affected() == 1 {
             Ok(lease.renewed(ttl, sent_at))
         } else {
-            Err(LeaseError::Lost {
-                key: lease.key().clone(),
-                token: lease.token(),
-            })
+            Err(LeaseError::lost(lease))
         }
     }
 
@@ -625,10 +620,7 @@ impl LeaseProvider for PostgresProvider {
             .await?;
         match released {
             Some(_) => Ok(()),
-            None => Err(LeaseError::NotHeld {
-                key: lease.key().clone(),
-                token: lease.token(),
-            }),
+            None => Err(LeaseError::not_held(lease)),
         }
     }
 

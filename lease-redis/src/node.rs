@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use lease_api::{LeaseError, Result, WatchHub};
+use lease_api::backend::WatchHub;
+use lease_api::{LeaseError, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{FromRedisValue, RedisError, Script};
 use tokio::task::JoinHandle;

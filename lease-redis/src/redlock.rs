@@ -89,7 +89,7 @@ struct Inner {
     namespace: String,
     ns_encoded: String,
     channel: String,
-    hub: Arc<lease_api::WatchHub>,
+    hub: Arc<lease_api::backend::WatchHub>,
     caps: Capabilities,
 }
 
@@ -225,7 +225,7 @@ impl RedlockProvider {
     /// `Config` for an empty prefix; the first node's error when a node is down
     /// (the others are still purged).
     pub async fn purge_namespaces(&self, prefix: &str) -> Result<u64> {
-        lease_api::validate_purge_prefix(prefix)?;
+        lease_api::backend::validate_purge_prefix(prefix)?;
         let pattern = crate::keys::namespace_pattern(prefix);
         let mut deleted = 0;
         let mut first_error = None;
@@ -593,10 +593,7 @@ impl LeaseProvider for RedlockProvider {
             // A majority may still hold it; we just cannot tell.
             return Err(self.unavailable(errors));
         }
-        Err(LeaseError::Lost {
-            key: lease.key().clone(),
-            token: lease.token(),
-        })
+        Err(LeaseError::lost(lease))
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
@@ -633,10 +630,7 @@ impl LeaseProvider for RedlockProvider {
         if yes + errors.len() >= self.inner.quorum && !errors.is_empty() {
             return Err(self.unavailable(errors));
         }
-        Err(LeaseError::NotHeld {
-            key: lease.key().clone(),
-            token: lease.token(),
-        })
+        Err(LeaseError::not_held(lease))
     }
 
     async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>> {

@@ -4,10 +4,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lease_api::backend::ProbedCapabilities;
 use lease_api::{
     Capabilities, DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, ExpiryClock, FencingToken, KeyWatch, Lease,
-    LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Notifications, OwnerId, ProbedCapabilities,
-    Result, TokenDurability, TryAcquire, validate_namespace,
+    LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Notifications, OwnerId, Result,
+    TokenDurability, TryAcquire, validate_namespace,
 };
 use redis::Value;
 use tokio::time::Instant;
@@ -182,7 +183,7 @@ struct Inner {
     namespace: String,
     ns_encoded: String,
     channel: String,
-    hub: Arc<lease_api::WatchHub>,
+    hub: Arc<lease_api::backend::WatchHub>,
     caps: ProbedCapabilities,
 }
 
@@ -281,7 +282,7 @@ impl RedisProvider {
     /// # Errors
     /// `Config` for an empty prefix; `Unavailable` when the server is down.
     pub async fn purge_namespaces(&self, prefix: &str) -> Result<u64> {
-        lease_api::validate_purge_prefix(prefix)?;
+        lease_api::backend::validate_purge_prefix(prefix)?;
         self.inner
             .node
             .delete_matching(&crate::keys::namespace_pattern(prefix))
@@ -410,10 +411,7 @@ impl LeaseProvider for RedisProvider {
         if done == 1 {
             Ok(lease.renewed(ttl, sent_at))
         } else {
-            Err(LeaseError::Lost {
-                key: lease.key().clone(),
-                token: lease.token(),
-            })
+            Err(LeaseError::lost(lease))
         }
     }
 
@@ -435,10 +433,7 @@ impl LeaseProvider for RedisProvider {
         if done == 1 {
             Ok(())
         } else {
-            Err(LeaseError::NotHeld {
-                key: lease.key().clone(),
-                token: lease.token(),
-            })
+            Err(LeaseError::not_held(lease))
         }
     }
 

@@ -4,10 +4,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lease_api::backend::drift_margin;
 use lease_api::{
     Capabilities, DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, ExpiryClock, FencingToken, KeyWatch, Lease,
     LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Notifications, OwnerId, Result,
-    TokenDurability, TryAcquire, drift_margin, validate_namespace,
+    TokenDurability, TryAcquire, validate_namespace,
 };
 use tokio::time::Instant;
 use zookeeper_client::{
@@ -437,7 +438,7 @@ impl ZkProvider {
     /// `Config` for an empty prefix; `Unavailable` when ZooKeeper is unreachable;
     /// `Backend` when a node gained children while it was being deleted.
     pub async fn purge_namespaces(&self, prefix: &str) -> Result<u64> {
-        lease_api::validate_purge_prefix(prefix)?;
+        lease_api::backend::validate_purge_prefix(prefix)?;
         let client = self.client().await?;
         let wanted = segment(prefix);
         let namespaces = match self.bounded("list", client.list_children("/lease")).await? {
@@ -769,10 +770,7 @@ impl LeaseProvider for ZkProvider {
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
         let ttl = self.caps().grant_ttl(ttl)?;
-        let lost = || LeaseError::Lost {
-            key: lease.key().clone(),
-            token: lease.token(),
-        };
+        let lost = || LeaseError::lost(lease);
         let client = self.client().await?;
         let paths = self.paths(lease.key());
         let sent_at = Instant::now();
@@ -826,10 +824,7 @@ impl LeaseProvider for ZkProvider {
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
-        let not_held = || LeaseError::NotHeld {
-            key: lease.key().clone(),
-            token: lease.token(),
-        };
+        let not_held = || LeaseError::not_held(lease);
         let client = self.client().await?;
         let paths = self.paths(lease.key());
         // Key node versions repeat across keys and namespaces: check that the

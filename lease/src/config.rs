@@ -508,7 +508,7 @@ impl Store {
         connect: Duration,
         request: Duration,
     ) -> Result<u64> {
-        lease_api::validate_purge_prefix(prefix)?;
+        lease_api::backend::validate_purge_prefix(prefix)?;
         let _ = (connect, request);
         match self {
             Store::Memory => process_store().purge_namespaces(prefix),
