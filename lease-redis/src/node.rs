@@ -30,6 +30,10 @@ impl Drop for Subscription {
 /// lease then runs out by its TTL.
 pub(crate) const CANCEL_RETRY_FOR: Duration = Duration::from_secs(600);
 
+/// How often an idle release subscriber checks its connection with a PING:
+/// the longest a waiter can miss releases after the connection silently drops.
+pub(crate) const SUBSCRIBER_HEARTBEAT: Duration = Duration::from_secs(1);
+
 /// Timeouts of one node.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Timeouts {
@@ -362,11 +366,30 @@ impl Node {
         let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
         let flag = Arc::clone(&alive);
         let task = tokio::spawn(async move {
-            // The sink must live as long as the subscription.
-            let _sink = sink;
-            while let Some(msg) = stream.next().await {
-                if let Ok(key) = std::str::from_utf8(msg.get_payload_bytes()) {
-                    hub.wake(key);
+            // The sink must live as long as the subscription. It also carries
+            // a PING every HEARTBEAT: the client notices a dropped connection
+            // only when it next sends something, and an idle subscriber would
+            // otherwise wait out the holder's TTL after a missed release.
+            let mut sink = sink;
+            let mut beat = tokio::time::interval(SUBSCRIBER_HEARTBEAT);
+            beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            beat.tick().await;
+            loop {
+                tokio::select! {
+                    msg = stream.next() => match msg {
+                        Some(msg) => {
+                            if let Ok(key) = std::str::from_utf8(msg.get_payload_bytes()) {
+                                hub.wake(key);
+                            }
+                        }
+                        None => break,
+                    },
+                    _ = beat.tick() => {
+                        let alive = tokio::time::timeout(limit, sink.ping::<redis::Value>()).await;
+                        if !matches!(alive, Ok(Ok(_))) {
+                            break;
+                        }
+                    }
                 }
             }
             // The connection broke: announcements may be lost. Mark it gone

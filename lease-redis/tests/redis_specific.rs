@@ -631,35 +631,9 @@ async fn tls_with_an_acl_user_works_and_refusals_are_denied() {
     let holder = make(at("app:app-pw", &ca.ca()));
     let waiter = Arc::new(make(at("app:app-pw", &ca.ca())));
     let k = key("tls");
-    let held = holder
-        .try_acquire(&k, TTL)
-        .await
-        .unwrap()
-        .into_lease()
-        .unwrap();
-    let (w, k2) = (Arc::clone(&waiter), k.clone());
-    let waiting = tokio::spawn(async move { acquire(&w, &k2, TTL, TTL).await });
-    // Let the waiter subscribe and find the key held, then release.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !redis_tls_numsub(&server, &ca)
-        .await
-        .iter()
-        .any(|(_, c)| *c > 0)
-    {
-        assert!(Instant::now() < deadline, "the waiter never subscribed");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    // Subscribed before it tried: it found the key held and now waits.
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    holder.release(&held).await.unwrap();
-    let released = Instant::now();
-    let got = waiting.await.unwrap().unwrap().expect("acquired");
-    assert!(
-        released.elapsed() < Duration::from_secs(5),
-        "the waiter was not notified over TLS: {:?}",
-        released.elapsed()
-    );
-    assert!(got.token() > held.token());
+    // Notified over the TLS pub/sub connection.
+    lease_testkit::assert_handoff_is_notified(&holder, waiter, &k, TTL, Duration::from_secs(5))
+        .await;
 
     let other_ca = lease_testkit::TestCa::new();
     for (what, url) in [
@@ -668,40 +642,6 @@ async fn tls_with_an_acl_user_works_and_refusals_are_denied() {
         ("an untrusted CA", at("app:app-pw", &other_ca.ca())),
         ("a user without EVAL", at("reader:reader-pw", &ca.ca())),
     ] {
-        let started = Instant::now();
-        let err = make(url).try_acquire(&k, TTL).await.unwrap_err();
-        assert!(matches!(err, LeaseError::Denied { .. }), "{what}: {err:?}");
-        assert!(!err.is_transient(), "{what}");
-        assert!(!err.to_string().contains("pw"), "{what}: {err}");
-        assert!(started.elapsed() < Duration::from_secs(3), "{what}");
+        lease_testkit::assert_denied(what, &make(url), &k, "pw", Duration::from_secs(3)).await;
     }
-}
-
-/// PUBSUB NUMSUB of every lease channel, asked over TLS as the app user.
-async fn redis_tls_numsub(server: &OwnedProcess, ca: &lease_testkit::TestCa) -> Vec<(String, i64)> {
-    let client = redis::Client::build_with_tls(
-        format!("rediss://app:app-pw@127.0.0.1:{}/0", server.port()),
-        redis::TlsCertificates {
-            client_tls: None,
-            root_cert: Some(std::fs::read(ca.ca()).unwrap()),
-        },
-    )
-    .unwrap();
-    let Ok(mut c) = client.get_multiplexed_async_connection().await else {
-        return Vec::new();
-    };
-    let channels: Vec<String> = redis::cmd("PUBSUB")
-        .arg("CHANNELS")
-        .query_async(&mut c)
-        .await
-        .unwrap_or_default();
-    if channels.is_empty() {
-        return Vec::new();
-    }
-    redis::cmd("PUBSUB")
-        .arg("NUMSUB")
-        .arg(&channels)
-        .query_async(&mut c)
-        .await
-        .unwrap_or_default()
 }

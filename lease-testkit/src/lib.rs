@@ -826,3 +826,78 @@ where
         }
     }
 }
+
+/// Holds `key` through `holder` while `waiter` waits for it, then releases and
+/// asserts the waiter got it within `within` of the release (so it was woken,
+/// not timed out: the holder's TTL is far longer), with a larger token.
+///
+/// # Panics
+/// When any step fails or the hand-off is late.
+pub async fn assert_handoff_is_notified<P>(
+    holder: &P,
+    waiter: std::sync::Arc<P>,
+    key: &lease_api::LeaseKey,
+    ttl: Duration,
+    within: Duration,
+) where
+    P: lease_api::LeaseProvider + 'static,
+{
+    let held = holder
+        .try_acquire(key, ttl)
+        .await
+        .expect("acquire")
+        .into_lease()
+        .expect("the key is free");
+    let k = key.clone();
+    let waiting = tokio::spawn(async move { lease_api::acquire(&waiter, &k, ttl, ttl).await });
+    // Let the waiter register and find the key held.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiting.is_finished(), "the waiter did not wait");
+    holder.release(&held).await.expect("release");
+    let released = Instant::now();
+    let got = waiting
+        .await
+        .expect("waiter task")
+        .expect("waiter")
+        .expect("the waiter got the key");
+    assert!(
+        released.elapsed() < within,
+        "the waiter was not woken: it took {:?} after the release",
+        released.elapsed()
+    );
+    assert!(got.token() > held.token());
+    holder
+        .release(&got)
+        .await
+        .expect("release the waiter's lease");
+}
+
+/// Asserts that `provider`'s acquire of `key` is `Denied` within `within`, not
+/// transient, and that its message does not contain `secret`.
+///
+/// # Panics
+/// Otherwise.
+pub async fn assert_denied<P: lease_api::LeaseProvider>(
+    what: &str,
+    provider: &P,
+    key: &lease_api::LeaseKey,
+    secret: &str,
+    within: Duration,
+) {
+    let started = Instant::now();
+    let err = provider
+        .try_acquire(key, Duration::from_secs(30))
+        .await
+        .expect_err(what);
+    assert!(
+        matches!(err, lease_api::LeaseError::Denied { .. }),
+        "{what}: {err:?}"
+    );
+    assert!(!err.is_transient(), "{what}");
+    assert!(!err.to_string().contains(secret), "{what}: {err}");
+    assert!(
+        started.elapsed() < within,
+        "{what}: {:?}",
+        started.elapsed()
+    );
+}

@@ -656,8 +656,7 @@ impl ZkProvider {
         owner: OwnerId,
         ttl: Duration,
         sent_at: Instant,
-        (zxid, epoch): (i64, i32),
-        session: Duration,
+        (zxid, epoch, session): (i64, i32, Duration),
     ) -> Result<Lease> {
         let token = u64::try_from(zxid).ok().filter(|t| *t > 0).ok_or_else(|| {
             LeaseError::protocol(format!("ZooKeeper returned zxid {zxid} for an acquire"))
@@ -706,16 +705,10 @@ impl LeaseProvider for ZkProvider {
             let sent_at = Instant::now();
             match self.claim(&client, &paths, &data, None).await? {
                 Ok((zxid, epoch)) => {
+                    let granted = (zxid, epoch, client.session_timeout());
                     return Ok(TryAcquire::Acquired(
-                        self.lease_from(
-                            key,
-                            owner,
-                            ttl,
-                            sent_at,
-                            (zxid, epoch),
-                            client.session_timeout(),
-                        )?
-                        .with_holder(Arc::clone(&label)),
+                        self.lease_from(key, owner, ttl, sent_at, granted)?
+                            .with_holder(Arc::clone(&label)),
                     ));
                 }
                 Err(ZkError::NoNode) => {
@@ -748,16 +741,10 @@ impl LeaseProvider for ZkProvider {
             };
             match self.claim(&client, &paths, &data, Some(judged)).await? {
                 Ok((zxid, epoch)) => {
+                    let granted = (zxid, epoch, client.session_timeout());
                     return Ok(TryAcquire::Acquired(
-                        self.lease_from(
-                            key,
-                            owner,
-                            ttl,
-                            sent_at,
-                            (zxid, epoch),
-                            client.session_timeout(),
-                        )?
-                        .with_holder(Arc::clone(&label)),
+                        self.lease_from(key, owner, ttl, sent_at, granted)?
+                            .with_holder(Arc::clone(&label)),
                     ));
                 }
                 // Someone else acted first; look again.

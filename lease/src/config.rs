@@ -156,6 +156,22 @@ fn parse_etcd(scheme: &str, rest: &str) -> Result<Store> {
     })
 }
 
+#[cfg(feature = "zk")]
+fn zk_config(
+    hosts: &str,
+    chroot: &Option<String>,
+    digest: &Option<(String, String)>,
+) -> lease_zk::ZkConfig {
+    let mut config = lease_zk::ZkConfig::new(hosts);
+    if let Some(c) = chroot {
+        config = config.chroot(c);
+    }
+    if let Some((user, password)) = digest {
+        config = config.digest(user, password);
+    }
+    config
+}
+
 #[cfg(feature = "etcd")]
 fn etcd_config(endpoints: &[String], access: &EtcdAccess) -> lease_etcd::EtcdConfig {
     let mut config = lease_etcd::EtcdConfig::new(endpoints.to_vec()).tls(lease_etcd::EtcdTls {
@@ -470,18 +486,11 @@ impl Store {
                 hosts,
                 chroot,
                 digest,
-            } => {
-                let mut config = lease_zk::ZkConfig::new(hosts)
+            } => Ok(Arc::new(lease_zk::ZkProvider::new(
+                zk_config(hosts, chroot, digest)
                     .namespace(namespace)
-                    .timeouts(connect, request);
-                if let Some(c) = chroot {
-                    config = config.chroot(c);
-                }
-                if let Some((user, password)) = digest {
-                    config = config.digest(user, password);
-                }
-                Ok(Arc::new(lease_zk::ZkProvider::new(config)?))
-            }
+                    .timeouts(connect, request),
+            )?)),
             #[allow(unreachable_patterns)]
             other => Err(config_err(format!(
                 "{}:// stores need the {:?} cargo feature of the `lease` crate; enable it: lease = {{ features = [{:?}] }}",
@@ -552,16 +561,11 @@ impl Store {
                 chroot,
                 digest,
             } => {
-                let mut config = lease_zk::ZkConfig::new(hosts).timeouts(connect, request);
-                if let Some(c) = chroot {
-                    config = config.chroot(c);
-                }
-                if let Some((user, password)) = digest {
-                    config = config.digest(user, password);
-                }
-                lease_zk::ZkProvider::new(config)?
-                    .purge_namespaces(prefix)
-                    .await
+                lease_zk::ZkProvider::new(
+                    zk_config(hosts, chroot, digest).timeouts(connect, request),
+                )?
+                .purge_namespaces(prefix)
+                .await
             }
             #[allow(unreachable_patterns)]
             other => Err(config_err(format!(
