@@ -47,7 +47,10 @@ pub(crate) struct Node {
     config: ConnectionManagerConfig,
     /// Made on first use: the connection manager spawns a task, so it needs
     /// the runtime that the first call runs on.
-    manager: tokio::sync::OnceCell<ConnectionManager>,
+    /// Dropped after a call times out, so the next call dials again: the
+    /// manager reconnects when a connection errors, never when it just goes
+    /// silent (a black-holed path), and would time out every call after.
+    manager: std::sync::Mutex<Option<ConnectionManager>>,
     timeouts: Timeouts,
     subscription: tokio::sync::Mutex<Option<Subscription>>,
 }
@@ -152,26 +155,50 @@ impl Node {
             display,
             client,
             config,
-            manager: tokio::sync::OnceCell::new(),
+            manager: std::sync::Mutex::new(None),
             timeouts,
             subscription: tokio::sync::Mutex::new(None),
         })
     }
 
-    async fn manager(&self) -> Result<ConnectionManager> {
-        let m = self
-            .manager
-            .get_or_try_init(|| async {
-                ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
-                    .map_err(|e| {
-                        LeaseError::Config(format!(
-                            "cannot set up the connection to {}: {e}",
-                            self.display
-                        ))
-                    })
-            })
-            .await?;
-        Ok(m.clone())
+    fn manager(&self) -> Result<ConnectionManager> {
+        let mut slot = self.manager.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(m) = slot.as_ref() {
+            return Ok(m.clone());
+        }
+        // Lazy: it spawns its task on the runtime of the first call.
+        let m = ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
+            .map_err(|e| {
+            LeaseError::Config(format!(
+                "cannot set up the connection to {}: {e}",
+                self.display
+            ))
+        })?;
+        *slot = Some(m.clone());
+        Ok(m)
+    }
+
+    /// After a timeout: the next call gets a fresh connection.
+    fn forget_connection(&self) {
+        *self.manager.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// Bounds `call` by connect + response timeouts; a timeout (the call's
+    /// own or the bound) drops the connection so the next call dials again.
+    async fn bounded<T>(
+        &self,
+        what: &'static str,
+        call: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T> {
+        let limit = self.timeouts.connect + self.timeouts.response;
+        let result = match tokio::time::timeout(limit, call).await {
+            Ok(r) => r.map_err(|e| self.map_err(e)),
+            Err(_) => Err(LeaseError::timeout(what, limit)),
+        };
+        if matches!(result, Err(LeaseError::Timeout { .. })) {
+            self.forget_connection();
+        }
+        result
     }
 
     pub(crate) fn map_err(&self, e: RedisError) -> LeaseError {
@@ -249,12 +276,9 @@ impl Node {
         for a in args {
             invocation.arg(*a);
         }
-        let mut conn = self.manager().await?;
-        let limit = self.timeouts.connect + self.timeouts.response;
-        match tokio::time::timeout(limit, invocation.invoke_async(&mut conn)).await {
-            Ok(r) => r.map_err(|e| self.map_err(e)),
-            Err(_) => Err(LeaseError::timeout("a Redis script", limit)),
-        }
+        let mut conn = self.manager()?;
+        self.bounded("a Redis script", invocation.invoke_async(&mut conn))
+            .await
     }
 
     /// Cancels `owner`'s acquire of `lease_key` whose outcome is unknown: writes
@@ -329,12 +353,9 @@ impl Node {
 
     /// Runs one command, bounded like [`Node::eval`].
     pub(crate) async fn query<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T> {
-        let mut conn = self.manager().await?;
-        let limit = self.timeouts.connect + self.timeouts.response;
-        match tokio::time::timeout(limit, cmd.query_async(&mut conn)).await {
-            Ok(r) => r.map_err(|e| self.map_err(e)),
-            Err(_) => Err(LeaseError::timeout("a Redis command", limit)),
-        }
+        let mut conn = self.manager()?;
+        self.bounded("a Redis command", cmd.query_async(&mut conn))
+            .await
     }
 
     /// Makes sure this node's release announcements on `channel` reach `hub`.

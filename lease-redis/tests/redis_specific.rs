@@ -219,6 +219,43 @@ async fn waiter_gets_the_key_promptly_when_the_subscriber_is_killed() {
     assert!(got.token() > holder.token());
 }
 
+/// The waiter's connections are black-holed while it waits (no FIN, no RST:
+/// its idle subscriber has nothing to notice and the release announcement
+/// never arrives): the subscriber's PING heartbeat notices, it subscribes
+/// again, and the waiter gets the key well before the holder's TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_notices_its_subscriber_connection_was_black_holed() {
+    let server = owned_redis(false);
+    let proxy = lease_testkit::Proxy::start(server.port()).await;
+    let holder_p = provider(&server);
+    let waiter_p = Arc::new(
+        RedisProvider::new(
+            RedisConfig::new(format!("redis://127.0.0.1:{}", proxy.port()))
+                .timeouts(TIMEOUT, TIMEOUT),
+        )
+        .unwrap(),
+    );
+    let k = key("sub-cut");
+    let holder = until_ok(|| holder_p.try_acquire(&k, TTL))
+        .await
+        .into_lease()
+        .unwrap();
+    let (w, k2) = (Arc::clone(&waiter_p), k.clone());
+    let waiter = tokio::spawn(async move { acquire(&w, &k2, TTL, TTL).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiter.is_finished(), "the waiter did not wait");
+    proxy.blackhole_open_connections();
+    holder_p.release(&holder).await.unwrap();
+    let released = Instant::now();
+    let got = waiter.await.unwrap().unwrap().expect("acquired");
+    assert!(
+        released.elapsed() < Duration::from_secs(5),
+        "the waiter took {:?} after the release (TTL {TTL:?})",
+        released.elapsed()
+    );
+    assert!(got.token() > holder.token());
+}
+
 fn redlock(nodes: &[&OwnedProcess]) -> RedlockProvider {
     RedlockProvider::new(
         RedlockConfig::new(nodes.iter().map(|n| url(n))).timeouts(TIMEOUT, TIMEOUT),

@@ -725,6 +725,7 @@ pub fn owned_zk_with_max_session(max_session: Duration) -> OwnedProcess {
 pub struct Proxy {
     port: u16,
     cut: tokio::sync::watch::Sender<bool>,
+    hole: tokio::sync::watch::Sender<u64>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -739,6 +740,7 @@ impl Proxy {
             .expect("bind proxy port");
         let port = listener.local_addr().expect("proxy address").port();
         let (cut, watch) = tokio::sync::watch::channel(false);
+        let (hole, holes) = tokio::sync::watch::channel(0u64);
         let task = tokio::spawn(async move {
             loop {
                 let Ok((inbound, _)) = listener.accept().await else {
@@ -749,6 +751,8 @@ impl Proxy {
                     continue;
                 }
                 let mut watch = watch.clone();
+                let mut holes = holes.clone();
+                let generation = *holes.borrow();
                 tokio::spawn(async move {
                     let Ok(outbound) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await
                     else {
@@ -756,15 +760,34 @@ impl Proxy {
                     };
                     let (mut ri, mut wi) = inbound.into_split();
                     let (mut ro, mut wo) = outbound.into_split();
-                    tokio::select! {
-                        _ = tokio::io::copy(&mut ri, &mut wo) => {}
-                        _ = tokio::io::copy(&mut ro, &mut wi) => {}
-                        _ = watch.wait_for(|cut| *cut) => {}
+                    let holed = tokio::select! {
+                        _ = tokio::io::copy(&mut ri, &mut wo) => false,
+                        _ = tokio::io::copy(&mut ro, &mut wi) => false,
+                        _ = watch.wait_for(|cut| *cut) => false,
+                        _ = holes.wait_for(|g| *g > generation) => true,
+                    };
+                    if holed {
+                        // Black-holed: both sockets stay open, nothing moves,
+                        // until a cut or the proxy goes away.
+                        let _ = watch.wait_for(|cut| *cut).await;
+                        drop((ri, wi, ro, wo));
                     }
                 });
             }
         });
-        Proxy { port, cut, task }
+        Proxy {
+            port,
+            cut,
+            hole,
+            task,
+        }
+    }
+
+    /// Black-holes every connection open now: both sides stay connected and
+    /// nothing they send arrives (no FIN, no RST), as behind a dead network
+    /// path. Connections made later pass normally.
+    pub fn blackhole_open_connections(&self) {
+        self.hole.send_modify(|g| *g += 1);
     }
 
     /// The port clients connect to.
