@@ -59,6 +59,19 @@ static SECURED: [Acl; 2] = [
     Acl::new_const(Permission::READ, "world", "anyone"),
 ];
 
+/// Shared parents (the chroot and `/lease`) of a provider with a digest
+/// identity: other identities may read and create their own namespaces under
+/// them, but not delete or rewrite anything.
+static SHARED_PARENT: std::sync::LazyLock<[Acl; 2]> = std::sync::LazyLock::new(|| {
+    [
+        Acl::new_const(Permission::ALL, "auth", ""),
+        Acl::new(
+            Permission::READ | Permission::CREATE,
+            zookeeper_client::AuthId::anyone(),
+        ),
+    ]
+});
+
 impl ZkConfig {
     /// A configuration for `hosts` with defaults for everything else.
     pub fn new(hosts: impl Into<String>) -> Self {
@@ -276,7 +289,16 @@ impl ZkProvider {
         }
     }
 
-    /// The ACL of every node this provider creates.
+    /// The ACL of the shared parents (chroot, `/lease`).
+    fn parent_acls(&self) -> Acls<'static> {
+        if self.inner.config.digest.is_some() {
+            Acls::new(&*SHARED_PARENT)
+        } else {
+            Acls::anyone_all()
+        }
+    }
+
+    /// The ACL of every node this provider creates below `/lease`.
     fn acls(&self) -> Acls<'static> {
         if self.inner.config.digest.is_some() {
             Acls::new(&SECURED)
@@ -369,7 +391,7 @@ impl ZkProvider {
         }
         // The chroot is created if missing, then every path is relative to it.
         if let Some(chroot) = &c.chroot {
-            let persistent = CreateMode::Persistent.with_acls(self.acls());
+            let persistent = CreateMode::Persistent.with_acls(self.parent_acls());
             let made = client.mkdir(chroot, &persistent);
             match tokio::time::timeout(c.request_timeout, made).await {
                 Ok(Ok(())) | Ok(Err(ZkError::NodeExists)) => {}
@@ -381,8 +403,11 @@ impl ZkProvider {
             })?;
         }
         // The namespace node: the parent of every lease, and the clock probe.
-        for path in ["/lease", self.inner.ns_path.as_str()] {
-            let created = client.create(path, b"", &CreateMode::Persistent.with_acls(self.acls()));
+        for (path, acls) in [
+            ("/lease", self.parent_acls()),
+            (self.inner.ns_path.as_str(), self.acls()),
+        ] {
+            let created = client.create(path, b"", &CreateMode::Persistent.with_acls(acls));
             match tokio::time::timeout(c.request_timeout, created).await {
                 Ok(Ok(_)) | Ok(Err(ZkError::NodeExists)) => {}
                 Ok(Err(e)) => return Err(self.map_err(e)),

@@ -292,6 +292,26 @@ async fn digest_acls_keep_other_identities_off_the_nodes() {
         assert!(matches!(err, LeaseError::Denied { .. }), "{what}: {err:?}");
         assert!(!err.to_string().contains("pw"), "{what}: {err}");
     }
+    // Another application with its own identity and namespace shares the
+    // `/lease` root (which the first identity created) and is not refused.
+    let neighbour = ZkProvider::new(
+        on_port(zk.port())
+            .namespace("other")
+            .digest("ops", "ops-pw"),
+    )
+    .unwrap();
+    let l3 = neighbour
+        .try_acquire(&k2, TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    neighbour.release(&l3).await.unwrap();
+    // ...but cannot delete the first one's namespace node.
+    assert_eq!(
+        intruder.delete("/lease/acl", None).await.unwrap_err(),
+        zookeeper_client::Error::NoAuth
+    );
     // The same identity on another session can.
     let again = with(Some(("app", "app-pw")));
     let l2 = again
