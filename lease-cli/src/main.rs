@@ -812,13 +812,35 @@ struct ConfiguredFactory {
     store: Store,
     config: StoreConfig,
     memory: lease::MemoryStore,
+    /// This run's own segment: every case namespace is `<ns>.<run>.<case ns>`,
+    /// so one purge of `<ns>.<run>.` at the end removes all of it, and
+    /// concurrent runs in one namespace never touch each other's records.
+    run: String,
+}
+
+impl ConfiguredFactory {
+    /// Removes every record this run left: one purge per run, not per case
+    /// (on Redis a purge is a SCAN of the whole keyspace).
+    async fn purge_run(&self) -> Result<u64, LeaseError> {
+        let prefix = format!("{}.{}.", self.config.namespace, self.run);
+        if self.store == Store::Memory {
+            return self.memory.purge_namespaces(&prefix);
+        }
+        self.store
+            .purge_namespaces(
+                &prefix,
+                self.config.connect_timeout,
+                self.config.request_timeout,
+            )
+            .await
+    }
 }
 
 #[async_trait::async_trait]
 impl ProviderFactory for ConfiguredFactory {
     async fn provider(&self, namespace: &str) -> Result<Arc<dyn LeaseProvider>, LeaseError> {
         // Every case namespace lives under the configured one (--namespace).
-        let namespace = format!("{}.{namespace}", self.config.namespace);
+        let namespace = format!("{}.{}.{namespace}", self.config.namespace, self.run);
         if self.store == Store::Memory {
             return Ok(Arc::new(self.memory.provider(&namespace)?));
         }
@@ -841,23 +863,6 @@ impl ProviderFactory for ConfiguredFactory {
 
     fn unavailable_within(&self) -> Duration {
         Duration::from_secs(3)
-    }
-
-    /// Removes every record the case left, in its namespace and the ones
-    /// derived from it, so a conformance run leaves the store as it found it.
-    async fn cleanup(&self, namespace: &str) -> Result<(), LeaseError> {
-        let prefix = format!("{}.{namespace}", self.config.namespace);
-        if self.store == Store::Memory {
-            return self.memory.purge_namespaces(&prefix).map(|_| ());
-        }
-        self.store
-            .purge_namespaces(
-                &prefix,
-                self.config.connect_timeout,
-                self.config.request_timeout,
-            )
-            .await
-            .map(|_| ())
     }
 }
 
@@ -886,6 +891,7 @@ async fn conformance(config: &StoreConfig, json: bool) -> ExitCode {
         store: store.clone(),
         config: config.clone(),
         memory: lease::MemoryStore::new(),
+        run: format!("run-{}", &lease::OwnerId::random().to_hex()[..12]),
     });
     // A store that cannot be reached fails at once, not as 36 failed cases.
     let probe = match factory.provider("probe").await {
@@ -910,11 +916,10 @@ async fn conformance(config: &StoreConfig, json: bool) -> ExitCode {
     }
     let started = std::time::Instant::now();
     let report = lease_conformance::run_all(Arc::clone(&factory) as Arc<dyn ProviderFactory>).await;
-    // The cases cleaned up after themselves; the reachability probe (a ZooKeeper
-    // namespace node) goes too.
-    if let Err(e) = factory.cleanup("probe").await {
+    // Everything the cases and the reachability probe left, in one purge.
+    if let Err(e) = factory.purge_run().await {
         eprintln!(
-            "lease: could not remove the probe's records: {}",
+            "lease: could not remove this run's records: {}",
             describe(&e)
         );
     }
