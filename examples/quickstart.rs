@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lease_api::{
-    Capabilities, FenceGate, FencingToken, Lease, LeaseGuard, LeaseInfo, LeaseKey, LeaseProvider,
-    MemoryProvider, Result, TryAcquire, acquire,
+    AcquireOptions, Capabilities, FenceGate, FencingToken, Lease, LeaseGuard, LeaseInfo, LeaseKey,
+    LeaseProvider, MemoryProvider, Result, TryAcquire, acquire,
 };
 use tokio::time::{Instant, sleep};
 
@@ -109,7 +109,8 @@ async fn worker(
         };
         // Wait a little for a held batch, then look at the others again.
         let key = LeaseKey::new(next)?;
-        let Some(lease) = acquire(&provider, &key, TTL, TTL / 4).await? else {
+        let Some(lease) = acquire(&provider, &key, AcquireOptions::ttl(TTL).wait(TTL / 4)).await?
+        else {
             continue;
         };
         if ledger.done(next) {
@@ -150,7 +151,7 @@ async fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
         frozen: AtomicBool::new(false),
     });
     let key3 = LeaseKey::new("batch-3")?;
-    let lease = acquire(&carol_link, &key3, TTL, Duration::ZERO)
+    let lease = acquire(&carol_link, &key3, AcquireOptions::ttl(TTL))
         .await?
         .ok_or("batch-3 should be free at the start")?;
     say(

@@ -86,6 +86,55 @@ pub fn drift_margin(ttl: Duration) -> Duration {
     (ttl / 100).saturating_add(Duration::from_millis(2))
 }
 
+/// A backend's own reference to a lease, kept with it so that `extend` and
+/// `release` address the same store object the acquire created. Typed per
+/// backend, so nothing is narrowed or sign-folded on the way.
+///
+/// Its text form (`none`, `etcd:<lease id>`, `zk:<version>`) is what the `lease`
+/// command prints as `LEASE_HANDLE` and parses back.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LeaseHandle {
+    /// The backend keeps nothing beside key, owner and token (memory, Redis,
+    /// Redlock, PostgreSQL).
+    #[default]
+    None,
+    /// The etcd lease the key is attached to.
+    EtcdLease(i64),
+    /// The version of the ZooKeeper key node when the lease was created; extend
+    /// and release check it in the same transaction.
+    ZkKeyVersion(i32),
+}
+
+impl fmt::Display for LeaseHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LeaseHandle::None => f.write_str("none"),
+            LeaseHandle::EtcdLease(id) => write!(f, "etcd:{id}"),
+            LeaseHandle::ZkKeyVersion(v) => write!(f, "zk:{v}"),
+        }
+    }
+}
+
+impl std::str::FromStr for LeaseHandle {
+    type Err = crate::LeaseError;
+
+    /// Parses the text form written by `Display`; an empty string is `None`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || {
+            crate::LeaseError::Config(format!(
+                "lease handle {s:?} is not `none`, `etcd:<lease id>` or `zk:<version>`"
+            ))
+        };
+        match s.split_once(':') {
+            None if s.is_empty() || s == "none" => Ok(LeaseHandle::None),
+            Some(("etcd", id)) => id.parse().map(LeaseHandle::EtcdLease).map_err(|_| bad()),
+            Some(("zk", v)) => v.parse().map(LeaseHandle::ZkKeyVersion).map_err(|_| bad()),
+            _ => Err(bad()),
+        }
+    }
+}
+
 /// One holder's claim on a key until its expiry.
 ///
 /// A lease is plain data: it holds no connection and does not renew itself. Use a
@@ -98,7 +147,7 @@ pub struct Lease {
     ttl: Duration,
     sent_at: Instant,
     valid_until: Instant,
-    handle: u64,
+    handle: LeaseHandle,
     holder: Arc<str>,
 }
 
@@ -122,7 +171,7 @@ impl Lease {
             ttl,
             sent_at,
             valid_until,
-            handle: 0,
+            handle: LeaseHandle::None,
             holder: crate::holder(),
         }
     }
@@ -144,8 +193,9 @@ impl Lease {
         self
     }
 
-    /// Attaches an opaque per-provider value (an etcd lease id, a node version).
-    pub fn with_handle(mut self, handle: u64) -> Self {
+    /// Attaches the backend's own reference to the lease (an etcd lease id, a
+    /// ZooKeeper node version).
+    pub fn with_handle(mut self, handle: LeaseHandle) -> Self {
         self.handle = handle;
         self
     }
@@ -197,8 +247,9 @@ impl Lease {
         Instant::now() < self.valid_until
     }
 
-    /// The opaque per-provider value set by [`with_handle`](Self::with_handle).
-    pub fn handle(&self) -> u64 {
+    /// The backend's reference set by [`with_handle`](Self::with_handle);
+    /// [`LeaseHandle::None`] for backends that need none.
+    pub fn handle(&self) -> LeaseHandle {
         self.handle
     }
 
@@ -260,6 +311,23 @@ mod tests {
         assert_ne!(a, b);
         assert_eq!(OwnerId::from_hex(&a.to_hex()), Some(a));
         assert_eq!(OwnerId::from_hex("xyz"), None);
+    }
+
+    #[test]
+    fn handles_roundtrip_through_text_without_loss() {
+        for h in [
+            LeaseHandle::None,
+            LeaseHandle::EtcdLease(i64::MAX),
+            LeaseHandle::EtcdLease(-7),
+            LeaseHandle::ZkKeyVersion(i32::MIN),
+            LeaseHandle::ZkKeyVersion(0),
+        ] {
+            assert_eq!(h.to_string().parse::<LeaseHandle>().unwrap(), h);
+        }
+        assert_eq!("".parse::<LeaseHandle>().unwrap(), LeaseHandle::None);
+        for bad in ["0", "etcd:", "zk:99999999999", "redis:1", "etcd:1x"] {
+            assert!(bad.parse::<LeaseHandle>().is_err(), "{bad}");
+        }
     }
 
     #[test]

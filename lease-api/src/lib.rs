@@ -22,7 +22,7 @@
 //!
 //! ```
 //! use std::{sync::Arc, time::Duration};
-//! use lease_api::{acquire, FenceGate, LeaseGuard, LeaseKey, LeaseProvider, MemoryProvider};
+//! use lease_api::{acquire, AcquireOptions, FenceGate, LeaseGuard, LeaseKey, LeaseProvider, MemoryProvider};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> lease_api::Result<()> {
@@ -30,7 +30,8 @@
 //! let key = LeaseKey::new("settlement/2026-12-02")?;
 //!
 //! // Wait up to one second for the key, hold it with a 10 s TTL.
-//! let lease = acquire(&provider, &key, Duration::from_secs(10), Duration::from_secs(1))
+//! let options = AcquireOptions::ttl(Duration::from_secs(10)).wait(Duration::from_secs(1));
+//! let lease = acquire(&provider, &key, options)
 //!     .await?
 //!     .expect("nobody else holds it");
 //! let guard = LeaseGuard::new(Arc::clone(&provider), lease);
@@ -72,10 +73,10 @@ pub use fence::{FenceGate, StaleToken};
 pub use guard::{GuardConfig, LeaseGuard, LostReason};
 pub use holder::{MAX_HOLDER_BYTES, holder, set_holder, validate_holder};
 pub use key::{LeaseKey, MAX_KEY_BYTES, validate_namespace};
-pub use lease::{FencingToken, Lease, LeaseInfo, OwnerId, TryAcquire};
+pub use lease::{FencingToken, Lease, LeaseHandle, LeaseInfo, OwnerId, TryAcquire};
 pub use memory::{DEFAULT_NAMESPACE, MemoryProvider, MemoryStore};
 pub use observe::Observed;
-pub use provider::{KeyWatch, LeaseProvider, MAX_BLIND_WAIT, SleepWatch, acquire};
+pub use provider::{AcquireOptions, KeyWatch, LeaseProvider, MAX_BLIND_WAIT, SleepWatch, acquire};
 pub use run::{LeaseContext, RunOptions, RunOutcome, end_after_min_hold, run_with_lease};
 pub use time::{deadline_after, deadline_in};
 pub use tokio_util::sync::CancellationToken;

@@ -136,6 +136,52 @@ impl KeyWatch for NotifyWatch {
 /// long the holder's lease runs: a safety net for a lost notification, not a poll.
 pub const MAX_BLIND_WAIT: Duration = Duration::from_secs(5);
 
+/// What [`acquire`] asks for: the lease's TTL, and how long to wait while the
+/// key is held by someone else.
+///
+/// The two are both durations, so they are named here instead of passed side by
+/// side, where swapping them compiles and waits for the TTL instead:
+///
+/// ```
+/// use std::time::Duration;
+/// use lease_api::AcquireOptions;
+///
+/// let options = AcquireOptions::ttl(Duration::from_secs(30)).wait(Duration::from_secs(5));
+/// assert_eq!(options.wait, Duration::from_secs(5));
+/// // Without `wait`, a held key is answered at once.
+/// assert!(AcquireOptions::ttl(Duration::from_secs(30)).wait.is_zero());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AcquireOptions {
+    /// The lease's time to live, checked against the provider's limits (C3).
+    pub ttl: Duration,
+    /// How long to wait for a held key; zero answers at once,
+    /// `Duration::MAX` waits forever.
+    pub wait: Duration,
+}
+
+impl AcquireOptions {
+    /// A lease of `ttl`, not waiting for a held key.
+    pub fn ttl(ttl: Duration) -> Self {
+        AcquireOptions {
+            ttl,
+            wait: Duration::ZERO,
+        }
+    }
+
+    /// Waits up to `wait` while the key is held.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Waits until the key is acquired, however long that takes.
+    pub fn wait_forever(self) -> Self {
+        self.wait(Duration::MAX)
+    }
+}
+
 /// Acquires `key`, waiting up to `wait` for it to become free (C9).
 ///
 /// Returns `Ok(None)` when `wait` runs out with the key still held. Waiting uses
@@ -157,12 +203,12 @@ pub const MAX_BLIND_WAIT: Duration = Duration::from_secs(5);
 pub async fn acquire<P>(
     provider: &Arc<P>,
     key: &LeaseKey,
-    ttl: Duration,
-    wait: Duration,
+    options: AcquireOptions,
 ) -> Result<Option<Lease>>
 where
     P: LeaseProvider + ?Sized + 'static,
 {
+    let AcquireOptions { ttl, wait } = options;
     let started = Instant::now();
     let mut waited = Duration::ZERO;
     let result = acquire_waiting(provider, key, ttl, wait, &mut waited).await;

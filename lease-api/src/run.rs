@@ -8,7 +8,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    FencingToken, GuardConfig, LeaseGuard, LeaseKey, LeaseProvider, LostReason, Result, acquire,
+    AcquireOptions, FencingToken, GuardConfig, LeaseGuard, LeaseKey, LeaseProvider, LostReason,
+    Result, acquire,
 };
 
 /// Options for [`run_with_lease`].
@@ -94,7 +95,8 @@ where
     F: FnOnce(LeaseContext) -> Fut,
     Fut: Future<Output = T>,
 {
-    let Some(lease) = acquire(&provider, key, ttl, options.wait).await? else {
+    let Some(lease) = acquire(&provider, key, AcquireOptions::ttl(ttl).wait(options.wait)).await?
+    else {
         return Ok(RunOutcome::NotAcquired);
     };
     let acquired_at = lease.sent_at();

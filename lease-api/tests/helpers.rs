@@ -338,7 +338,14 @@ async fn waiter_is_woken_by_release_not_by_ttl() {
         .unwrap();
     let p = Arc::clone(&provider);
     let k2 = k.clone();
-    let waiter = tokio::spawn(async move { acquire(&p, &k2, TTL, Duration::from_secs(30)).await });
+    let waiter = tokio::spawn(async move {
+        acquire(
+            &p,
+            &k2,
+            AcquireOptions::ttl(TTL).wait(Duration::from_secs(30)),
+        )
+        .await
+    });
     sleep(Duration::from_millis(100)).await;
     let released_at = Instant::now();
     provider.release(&holder).await.unwrap();
@@ -356,9 +363,13 @@ async fn waiter_gives_up_at_its_limit() {
         .await
         .unwrap();
     let started = Instant::now();
-    let got = acquire(&provider, &k, TTL, Duration::from_secs(2))
-        .await
-        .unwrap();
+    let got = acquire(
+        &provider,
+        &k,
+        AcquireOptions::ttl(TTL).wait(Duration::from_secs(2)),
+    )
+    .await
+    .unwrap();
     assert!(got.is_none());
     let waited = Instant::now() - started;
     assert!(
@@ -439,13 +450,20 @@ async fn waiting_rides_out_a_store_blip_but_no_wait_reports_it() {
     let provider = Arc::new(MemoryProvider::new());
     let k = key("blip-wait");
     provider.store().set_down(true);
-    let err = acquire(&provider, &k, TTL, Duration::ZERO)
+    let err = acquire(&provider, &k, AcquireOptions::ttl(TTL))
         .await
         .unwrap_err();
     assert!(matches!(err, LeaseError::Unavailable { .. }), "{err}");
     let p = Arc::clone(&provider);
     let k2 = k.clone();
-    let waiter = tokio::spawn(async move { acquire(&p, &k2, TTL, Duration::from_secs(10)).await });
+    let waiter = tokio::spawn(async move {
+        acquire(
+            &p,
+            &k2,
+            AcquireOptions::ttl(TTL).wait(Duration::from_secs(10)),
+        )
+        .await
+    });
     sleep(Duration::from_secs(2)).await;
     provider.store().set_down(false);
     let lease = waiter
@@ -456,9 +474,13 @@ async fn waiting_rides_out_a_store_blip_but_no_wait_reports_it() {
     assert!(Instant::now() < lease.sent_at() + Duration::from_secs(2));
     // A wait that ends during the outage reports the outage, not "held".
     provider.store().set_down(true);
-    let err = acquire(&provider, &key("other"), TTL, Duration::from_secs(1))
-        .await
-        .unwrap_err();
+    let err = acquire(
+        &provider,
+        &key("other"),
+        AcquireOptions::ttl(TTL).wait(Duration::from_secs(1)),
+    )
+    .await
+    .unwrap_err();
     assert!(matches!(err, LeaseError::Unavailable { .. }), "{err}");
 }
 
@@ -508,13 +530,15 @@ async fn huge_durations_never_panic() {
     let provider: Arc<dyn LeaseProvider> = Arc::new(MemoryProvider::new());
     let k = key("huge");
     // Wait forever for a free key, and for a key released later.
-    let lease = acquire(&provider, &k, TTL, Duration::MAX)
+    let lease = acquire(&provider, &k, AcquireOptions::ttl(TTL).wait(Duration::MAX))
         .await
         .unwrap()
         .unwrap();
     let p2 = Arc::clone(&provider);
     let k2 = k.clone();
-    let waiter = tokio::spawn(async move { acquire(&p2, &k2, TTL, Duration::MAX).await });
+    let waiter = tokio::spawn(async move {
+        acquire(&p2, &k2, AcquireOptions::ttl(TTL).wait(Duration::MAX)).await
+    });
     sleep(Duration::from_millis(100)).await;
     provider.release(&lease).await.unwrap();
     let second = waiter
@@ -551,9 +575,13 @@ async fn acquire_fails_fast_on_a_permanent_error_and_retries_a_transient_one() {
     let k = key("permanent");
     provider.acquire_mode.store(REFUSED, Ordering::SeqCst);
     let started = Instant::now();
-    let err = acquire(&provider, &k, TTL, Duration::from_secs(60))
-        .await
-        .unwrap_err();
+    let err = acquire(
+        &provider,
+        &k,
+        AcquireOptions::ttl(TTL).wait(Duration::from_secs(60)),
+    )
+    .await
+    .unwrap_err();
     assert!(!err.is_transient(), "{err}");
     assert!(
         started.elapsed() < Duration::from_millis(1),
@@ -562,9 +590,13 @@ async fn acquire_fails_fast_on_a_permanent_error_and_retries_a_transient_one() {
     );
     provider.acquire_mode.store(DOWN, Ordering::SeqCst);
     let started = Instant::now();
-    let err = acquire(&provider, &k, TTL, Duration::from_secs(5))
-        .await
-        .unwrap_err();
+    let err = acquire(
+        &provider,
+        &k,
+        AcquireOptions::ttl(TTL).wait(Duration::from_secs(5)),
+    )
+    .await
+    .unwrap_err();
     assert!(err.is_transient(), "{err}");
     assert!(
         started.elapsed() >= Duration::from_secs(4),
@@ -578,15 +610,22 @@ async fn acquire_gets_the_key_when_watching_fails() {
     let provider = FailingExtend::new();
     provider.watch_fails.store(true, Ordering::SeqCst);
     let k = key("no-watch");
-    let lease = acquire(&provider, &k, TTL, Duration::from_secs(2))
-        .await
-        .unwrap()
-        .expect("a free key");
+    let lease = acquire(
+        &provider,
+        &k,
+        AcquireOptions::ttl(TTL).wait(Duration::from_secs(2)),
+    )
+    .await
+    .unwrap()
+    .expect("a free key");
     // Held by someone else: the waiter falls back to the holder's TTL.
     let p2 = Arc::clone(&provider);
     let k2 = k.clone();
     let started = Instant::now();
-    let waiter = tokio::spawn(async move { acquire(&p2, &k2, TTL, TTL * 2).await });
+    let waiter =
+        tokio::spawn(
+            async move { acquire(&p2, &k2, AcquireOptions::ttl(TTL).wait(TTL * 2)).await },
+        );
     let second = waiter
         .await
         .unwrap()

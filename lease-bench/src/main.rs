@@ -15,8 +15,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use clap::Parser;
 use lease::{
-    Capabilities, Lease, LeaseGuard, LeaseInfo, LeaseKey, LeaseProvider, Result as LeaseResult,
-    Store, TryAcquire, acquire,
+    AcquireOptions, Capabilities, Lease, LeaseGuard, LeaseInfo, LeaseKey, LeaseProvider,
+    Result as LeaseResult, Store, TryAcquire, acquire,
 };
 use serde::Serialize;
 use tokio::time::Instant;
@@ -320,7 +320,12 @@ async fn bench_backend(
             .ok_or_else(|| lease::LeaseError::protocol("held"))?;
         let (w, k) = (Arc::clone(&waiter_p), hk.clone());
         let waiter = tokio::spawn(async move {
-            let got = acquire(&w, &k, ttl, Duration::from_secs(30)).await;
+            let got = acquire(
+                &w,
+                &k,
+                AcquireOptions::ttl(ttl).wait(Duration::from_secs(30)),
+            )
+            .await;
             (Instant::now(), got)
         });
         tokio::time::sleep(Duration::from_millis(30)).await;
@@ -378,7 +383,7 @@ async fn contention(
             while Instant::now() < deadline {
                 let started = Instant::now();
                 let left = deadline.saturating_duration_since(started);
-                match acquire(&p, &k, ttl, left).await {
+                match acquire(&p, &k, AcquireOptions::ttl(ttl).wait(left)).await {
                     Ok(Some(l)) => {
                         let waited = started.elapsed();
                         longest.fetch_max(

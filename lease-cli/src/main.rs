@@ -24,8 +24,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use lease::{
-    GuardConfig, LeaseError, LeaseGuard, LeaseKey, LeaseProvider, Store, StoreConfig, acquire,
-    end_after_min_hold, parse_duration,
+    AcquireOptions, GuardConfig, LeaseError, LeaseGuard, LeaseKey, LeaseProvider, Store,
+    StoreConfig, acquire, end_after_min_hold, parse_duration,
 };
 use lease_conformance::ProviderFactory;
 
@@ -221,9 +221,9 @@ struct HeldLease {
     /// The owner id (32 hex digits).
     #[arg(long, env = "LEASE_OWNER")]
     owner: String,
-    /// The backend's handle (etcd lease id).
-    #[arg(long, env = "LEASE_HANDLE", default_value_t = 0)]
-    handle: u64,
+    /// The backend's handle as `acquire` printed it (`none`, `etcd:<id>`, `zk:<version>`).
+    #[arg(long, env = "LEASE_HANDLE", default_value = "none")]
+    handle: lease::LeaseHandle,
 }
 
 impl HeldLease {
@@ -483,7 +483,7 @@ async fn run(
     if let Err(e) = provider.capabilities().grant_ttl(ttl) {
         return fail(EXIT_USAGE, describe(&e));
     }
-    let acquired = acquire(&provider, &key, ttl, wait).await;
+    let acquired = acquire(&provider, &key, AcquireOptions::ttl(ttl).wait(wait)).await;
     if !matches!(acquired, Ok(Some(_))) {
         // An attempt that timed out may have left a cancel in flight.
         provider.flush(FLUSH_LIMIT).await;
@@ -627,7 +627,7 @@ fn print_lease(lease: &lease::Lease, json: bool) {
                 "key": lease.key().as_str(),
                 "token": lease.token().get(),
                 "owner": lease.owner().to_hex(),
-                "handle": lease.handle(),
+                "handle": lease.handle().to_string(),
                 "holder": lease.holder(),
                 "ttl_ms": u64::try_from(lease.ttl().as_millis()).unwrap_or(u64::MAX),
                 "valid_for_ms": u64::try_from(lease.remaining().as_millis()).unwrap_or(u64::MAX),
@@ -657,7 +657,7 @@ async fn script_acquire(
         Ok(v) => v,
         Err(e) => return fail(error_code(&e), describe(&e)),
     };
-    let acquired = acquire(&provider, &key, ttl, wait).await;
+    let acquired = acquire(&provider, &key, AcquireOptions::ttl(ttl).wait(wait)).await;
     provider.flush(FLUSH_LIMIT).await;
     match acquired {
         Ok(Some(lease)) => {

@@ -1141,6 +1141,10 @@ fn script_round(kind: &str) {
         label.contains('@') && label.contains(':'),
         "{kind}: holder {label}"
     );
+    // The backend's handle goes through the variables typed, not as a number.
+    let handle = &env.iter().find(|(k, _)| k == "LEASE_HANDLE").unwrap().1;
+    let expected = if kind == "etcd" { "etcd:" } else { "none" };
+    assert!(handle.starts_with(expected), "{kind}: handle {handle}");
     let shown = cli(&["status", "--key", &key, "--json"], &[]);
     let json: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
     assert_eq!(json["holder"], label.as_str(), "{kind}: {json}");

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use lease_api::{
-    FenceGate, GuardConfig, Lease, LeaseError, LeaseGuard, LeaseKey, LeaseProvider, LostReason,
-    MAX_KEY_BYTES, RunOptions, RunOutcome, TryAcquire, acquire, run_with_lease,
+    AcquireOptions, FenceGate, GuardConfig, Lease, LeaseError, LeaseGuard, LeaseKey, LeaseProvider,
+    LostReason, MAX_KEY_BYTES, RunOptions, RunOutcome, TryAcquire, acquire, run_with_lease,
 };
 use tokio::sync::Barrier;
 use tokio::time::{Instant, sleep, sleep_until};
@@ -67,7 +67,7 @@ async fn takeover(ctx: &Ctx, key: &LeaseKey) -> Result<Takeover, CaseError> {
     let ttl = short_ttl(&*old_provider);
     let old = must_acquire(&*old_provider, key, ttl).await?;
     let wait = expiry_bound(&*old_provider, ttl);
-    let Some(new) = acquire(&new_provider, key, ttl, wait).await? else {
+    let Some(new) = acquire(&new_provider, key, AcquireOptions::ttl(ttl).wait(wait)).await? else {
         return Err(CaseError(format!(
             "an expired lease (TTL {ttl:?}) was not taken over within {wait:?}"
         )));
@@ -419,7 +419,7 @@ async fn expired_lease_is_taken_over_in_time(ctx: Ctx) -> CaseResult {
         Some(l) => l,
         None => {
             let wait = bound.saturating_duration_since(Instant::now());
-            let Some(b) = acquire(&p2, &key, ttl, wait).await? else {
+            let Some(b) = acquire(&p2, &key, AcquireOptions::ttl(ttl).wait(wait)).await? else {
                 return Err(CaseError(format!(
                     "not taken over within TTL {ttl:?} + slack + tolerance"
                 )));
@@ -911,7 +911,8 @@ async fn waiter_wakes_promptly_on_release(ctx: Ctx) -> CaseResult {
     let ttl = long_ttl(&*holder);
     let held = must_acquire(&*holder, &key, ttl).await?;
     let (k, w) = (key.clone(), Arc::clone(&waiter));
-    let task = tokio::spawn(async move { acquire(&w, &k, ttl, ttl).await });
+    let task =
+        tokio::spawn(async move { acquire(&w, &k, AcquireOptions::ttl(ttl).wait(ttl)).await });
     // Give the waiter time to block; if it was slower, it simply finds the key free.
     sleep(Duration::from_millis(300)).await;
     let released = Instant::now();
@@ -943,7 +944,7 @@ async fn waiter_times_out_while_held(ctx: Ctx) -> CaseResult {
     let held = must_acquire(&*holder, &key, ttl).await?;
     let wait = Duration::from_millis(700);
     let started = Instant::now();
-    let got = acquire(&waiter, &key, ttl, wait).await?;
+    let got = acquire(&waiter, &key, AcquireOptions::ttl(ttl).wait(wait)).await?;
     let took = started.elapsed();
     check!(got.is_none(), "the waiter acquired a held key");
     check!(
@@ -969,7 +970,7 @@ async fn waiter_gets_key_after_crashed_holder_expires(ctx: Ctx) -> CaseResult {
     drop(lease);
     drop(crashed);
     let wait = expiry_bound(&*waiter, ttl) * 2;
-    let got = acquire(&waiter, &key, ttl, wait).await?;
+    let got = acquire(&waiter, &key, AcquireOptions::ttl(ttl).wait(wait)).await?;
     let at = Instant::now();
     let Some(l) = got else {
         return Err(CaseError(format!(
@@ -997,7 +998,11 @@ async fn dropped_wait_leaks_no_lease(ctx: Ctx) -> CaseResult {
     let key = ctx.key("held")?;
     let held = must_acquire(&*p, &key, ttl).await?;
     for _ in 0..5 {
-        let _ = tokio::time::timeout(Duration::from_millis(30), acquire(&p, &key, ttl, ttl)).await;
+        let _ = tokio::time::timeout(
+            Duration::from_millis(30),
+            acquire(&p, &key, AcquireOptions::ttl(ttl).wait(ttl)),
+        )
+        .await;
     }
     p.release(&held).await?;
     // Drop acquires of free keys at many points of their flight.
@@ -1006,7 +1011,7 @@ async fn dropped_wait_leaks_no_lease(ctx: Ctx) -> CaseResult {
         let k = ctx.key(&format!("free-{i}"))?;
         let cut = Duration::from_micros(i * 250);
         if let Ok(Ok(Some(l))) =
-            tokio::time::timeout(cut, acquire(&p, &k, ttl, Duration::ZERO)).await
+            tokio::time::timeout(cut, acquire(&p, &k, AcquireOptions::ttl(ttl))).await
         {
             p.release(&l).await?;
         }
@@ -1015,7 +1020,13 @@ async fn dropped_wait_leaks_no_lease(ctx: Ctx) -> CaseResult {
     keys.push(key);
     // A leak would hold a key for the long TTL; a released one is free promptly.
     for k in &keys {
-        let Some(l) = acquire(&checker, k, ttl, Duration::from_secs(5)).await? else {
+        let Some(l) = acquire(
+            &checker,
+            k,
+            AcquireOptions::ttl(ttl).wait(Duration::from_secs(5)),
+        )
+        .await?
+        else {
             return Err(CaseError(format!(
                 "a dropped acquire leaked a lease on {k:?}"
             )));
@@ -1080,7 +1091,13 @@ async fn guard_fires_lost_signal_by_local_validity(ctx: Ctx) -> CaseResult {
         "reason {reason:?}"
     );
     // The store agrees: another holder takes over, with a larger token.
-    let Some(next) = acquire(&other, &key, ttl, expiry_bound(&*other, ttl)).await? else {
+    let Some(next) = acquire(
+        &other,
+        &key,
+        AcquireOptions::ttl(ttl).wait(expiry_bound(&*other, ttl)),
+    )
+    .await?
+    else {
         return Err(CaseError(
             "the cut-off holder's lease was not taken over".into(),
         ));
@@ -1330,7 +1347,7 @@ async fn waiter_gets_free_key_when_watch_fails(ctx: Ctx) -> CaseResult {
     let ttl = short_ttl(&*holder);
     let wait = expiry_bound(&*holder, ttl) * 2;
     let started = Instant::now();
-    let Some(free) = acquire(&w, &key, ttl, wait).await? else {
+    let Some(free) = acquire(&w, &key, AcquireOptions::ttl(ttl).wait(wait)).await? else {
         return Err(CaseError(
             "a free key was not acquired while watching fails".into(),
         ));
@@ -1343,7 +1360,7 @@ async fn waiter_gets_free_key_when_watch_fails(ctx: Ctx) -> CaseResult {
     w.release(&free).await?;
     // Held: the waiter falls back to the holder's TTL.
     let held = must_acquire(&*holder, &key, ttl).await?;
-    let Some(next) = acquire(&w, &key, ttl, wait).await? else {
+    let Some(next) = acquire(&w, &key, AcquireOptions::ttl(ttl).wait(wait)).await? else {
         return Err(CaseError(format!(
             "the waiter did not get the key within {wait:?} after the holder's TTL {ttl:?} while watching fails"
         )));
@@ -1361,7 +1378,12 @@ async fn waiter_store_calls_are_bounded(ctx: Ctx) -> CaseResult {
     let key = ctx.key("long-held")?;
     let long = long_ttl(&*holder);
     let held = must_acquire(&*holder, &key, long).await?;
-    let got = acquire(&w, &key, long, Duration::from_millis(1500)).await?;
+    let got = acquire(
+        &w,
+        &key,
+        AcquireOptions::ttl(long).wait(Duration::from_millis(1500)),
+    )
+    .await?;
     check!(got.is_none(), "the waiter acquired a held key");
     let calls = waiter.try_acquires();
     check!(
@@ -1378,7 +1400,13 @@ async fn waiter_store_calls_are_bounded(ctx: Ctx) -> CaseResult {
     let _crashed = must_acquire(&*holder, &key, ttl).await?;
     let before = waiter.try_acquires();
     let started = Instant::now();
-    let Some(l) = acquire(&w, &key, ttl, expiry_bound(&*holder, ttl) * 2).await? else {
+    let Some(l) = acquire(
+        &w,
+        &key,
+        AcquireOptions::ttl(ttl).wait(expiry_bound(&*holder, ttl) * 2),
+    )
+    .await?
+    else {
         return Err(CaseError("the waiter did not get an expired key".into()));
     };
     let calls = waiter.try_acquires() - before;
@@ -1422,7 +1450,7 @@ async fn min_hold_keeps_key_after_a_short_job(ctx: Ctx) -> CaseResult {
         sleep(Duration::from_millis(100)).await;
     }
     let wait = expiry_bound(&*other, ttl) * 2;
-    let Some(next) = acquire(&other, &key, ttl, wait).await? else {
+    let Some(next) = acquire(&other, &key, AcquireOptions::ttl(ttl).wait(wait)).await? else {
         return Err(CaseError(format!(
             "the key stayed held {wait:?} past the minimum hold"
         )));

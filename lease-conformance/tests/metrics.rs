@@ -5,7 +5,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lease_api::{GuardConfig, LeaseGuard, LeaseKey, LeaseProvider, MemoryStore, Observed, acquire};
+use lease_api::{
+    AcquireOptions, GuardConfig, LeaseGuard, LeaseKey, LeaseProvider, MemoryStore, Observed,
+    acquire,
+};
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 
 /// Counts increments and histogram samples per metric name and labels.
@@ -83,13 +86,13 @@ fn acquires_calls_renewals_failures_and_losses_are_recorded() {
                 Arc::new(Observed::new(Arc::new(store.provider("m").unwrap())));
             let key = LeaseKey::new("k").unwrap();
             let ttl = Duration::from_secs(3);
-            let lease = acquire(&provider, &key, ttl, Duration::ZERO)
+            let lease = acquire(&provider, &key, AcquireOptions::ttl(ttl))
                 .await
                 .unwrap()
                 .unwrap();
             // Held: a second acquire without waiting is not acquired.
             assert!(
-                acquire(&provider, &key, ttl, Duration::ZERO)
+                acquire(&provider, &key, AcquireOptions::ttl(ttl))
                     .await
                     .unwrap()
                     .is_none()

@@ -11,8 +11,8 @@ use etcd_client::{
 };
 use lease_api::{
     Capabilities, DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, ExpiryClock, FailoverExtension, FencingToken,
-    KeyWatch, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Notifications, OwnerId,
-    Result, TokenDurability, TryAcquire, validate_namespace,
+    KeyWatch, Lease, LeaseError, LeaseHandle, LeaseInfo, LeaseKey, LeaseProvider, Notifications,
+    OwnerId, Result, TokenDurability, TryAcquire, validate_namespace,
 };
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
@@ -465,8 +465,13 @@ fn parse_value(v: &[u8]) -> (Option<OwnerId>, Option<String>) {
     }
 }
 
+/// The etcd lease a lease of ours is attached to; 0 (no lease, which no key of
+/// ours carries) for a lease from another backend, so every compare fails.
 fn lease_id(lease: &Lease) -> i64 {
-    i64::try_from(lease.handle()).unwrap_or(0)
+    match lease.handle() {
+        LeaseHandle::EtcdLease(id) => id,
+        _ => 0,
+    }
 }
 
 #[async_trait]
@@ -524,7 +529,7 @@ impl LeaseProvider for EtcdProvider {
                     ))
                 })?;
             let lease = Lease::new(key.clone(), FencingToken(token), owner, granted, sent_at)
-                .with_handle(u64::try_from(id).unwrap_or(0))
+                .with_handle(LeaseHandle::EtcdLease(id))
                 .with_holder(holder);
             return Ok(TryAcquire::Acquired(lease));
         }
@@ -615,7 +620,7 @@ impl LeaseProvider for EtcdProvider {
         self.revoke_in_background(id);
         Ok(lease
             .renewed(granted, sent_at)
-            .with_handle(u64::try_from(new_id).unwrap_or(0)))
+            .with_handle(LeaseHandle::EtcdLease(new_id)))
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etcd_client::TxnOp;
-use lease_api::{LeaseError, LeaseKey, LeaseProvider, acquire};
+use lease_api::{AcquireOptions, LeaseError, LeaseKey, LeaseProvider, acquire};
 use lease_etcd::{EtcdConfig, EtcdProvider};
 use lease_testkit::{OwnedProcess, owned_etcd, store_url};
 use lease_testkit::{unique, until_ok};
@@ -78,10 +78,14 @@ async fn a_stale_holders_guarded_transaction_is_rejected() {
         .into_lease()
         .unwrap();
     let bound = short + a.capabilities().expiry_slack + Duration::from_secs(3);
-    let fresh = acquire(&Arc::new(b.clone()), &k, TTL, bound)
-        .await
-        .unwrap()
-        .expect("taken over");
+    let fresh = acquire(
+        &Arc::new(b.clone()),
+        &k,
+        AcquireOptions::ttl(TTL).wait(bound),
+    )
+    .await
+    .unwrap()
+    .expect("taken over");
     let target = format!("fenced-data/{ns}");
     match a
         .txn_if_held(&stale, vec![TxnOp::put(target.clone(), "stale", None)])
@@ -181,7 +185,7 @@ async fn a_restart_extends_leases_no_further_than_declared() {
         .failover_extension
         .map_or(Duration::ZERO, |f| f.bound(ttl));
     let bound = ttl + caps.expiry_slack + extension + Duration::from_secs(2);
-    let next = until_ok(|| acquire(&waiter, &k, ttl, bound))
+    let next = until_ok(|| acquire(&waiter, &k, AcquireOptions::ttl(ttl).wait(bound)))
         .await
         .expect("the key was freed within the declared bound");
     let freed = sent.elapsed();

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use lease_api::{LeaseError, LeaseKey, LeaseProvider, TokenDurability, acquire};
+use lease_api::{AcquireOptions, LeaseError, LeaseKey, LeaseProvider, TokenDurability, acquire};
 use lease_postgres::{PostgresConfig, PostgresProvider};
 use lease_testkit::{OwnedProcess, owned_postgres, store_url};
 use lease_testkit::{unique, until_ok};
@@ -81,7 +81,14 @@ async fn waiter_recovers_when_the_listener_connection_breaks() {
     let k = LeaseKey::new("listen").unwrap();
     let holder = p.try_acquire(&k, TTL).await.unwrap().into_lease().unwrap();
     let (p2, k2) = (Arc::clone(&p), k.clone());
-    let waiter = tokio::spawn(async move { acquire(&p2, &k2, TTL, Duration::from_secs(40)).await });
+    let waiter = tokio::spawn(async move {
+        acquire(
+            &p2,
+            &k2,
+            AcquireOptions::ttl(TTL).wait(Duration::from_secs(40)),
+        )
+        .await
+    });
     tokio::time::sleep(Duration::from_millis(300)).await;
     server.stop();
     server.start_again();
@@ -119,7 +126,8 @@ async fn waiter_gets_the_key_promptly_when_the_listen_connection_is_killed() {
         .into_lease()
         .unwrap();
     let (w, k2) = (Arc::clone(&waiter_p), k.clone());
-    let waiter = tokio::spawn(async move { acquire(&w, &k2, TTL, TTL).await });
+    let waiter =
+        tokio::spawn(async move { acquire(&w, &k2, AcquireOptions::ttl(TTL).wait(TTL)).await });
     let admin_url = format!("postgres://postgres@127.0.0.1:{}/template1", server.port());
     let admin = sqlx::PgPool::connect(&admin_url).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -336,10 +344,14 @@ async fn paused_holders_fenced_transaction_is_rejected_and_writes_nothing() {
     let ttl = Duration::from_millis(300);
     let stale = a.try_acquire(&k, ttl).await.unwrap().into_lease().unwrap();
     // The holder pauses past its TTL; another process takes over.
-    let fresh = acquire(&Arc::new(b.clone()), &k, ttl * 10, Duration::from_secs(5))
-        .await
-        .unwrap()
-        .unwrap();
+    let fresh = acquire(
+        &Arc::new(b.clone()),
+        &k,
+        AcquireOptions::ttl(ttl * 10).wait(Duration::from_secs(5)),
+    )
+    .await
+    .unwrap()
+    .unwrap();
     assert!(fresh.token() > stale.token());
     // The paused holder wakes and tries to write under its old lease.
     match a.begin_fenced(&stale).await {

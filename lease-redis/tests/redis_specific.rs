@@ -4,7 +4,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lease_api::{LeaseError, LeaseKey, LeaseProvider, TokenDurability, TryAcquire, acquire};
+use lease_api::{
+    AcquireOptions, LeaseError, LeaseKey, LeaseProvider, TokenDurability, TryAcquire, acquire,
+};
 use lease_redis::{RedisConfig, RedisProvider, RedlockConfig, RedlockProvider};
 use lease_testkit::{OwnedProcess, owned_redis, owned_redis_with, store_url};
 use lease_testkit::{unique, until_ok};
@@ -141,7 +143,14 @@ async fn server_down_is_unavailable_within_the_timeout_and_the_provider_recovers
     let holder = after.into_lease().unwrap();
     let p2 = Arc::new(p.clone());
     let k2 = k.clone();
-    let waiter = tokio::spawn(async move { acquire(&p2, &k2, TTL, Duration::from_secs(20)).await });
+    let waiter = tokio::spawn(async move {
+        acquire(
+            &p2,
+            &k2,
+            AcquireOptions::ttl(TTL).wait(Duration::from_secs(20)),
+        )
+        .await
+    });
     tokio::time::sleep(Duration::from_millis(200)).await;
     let released = Instant::now();
     p.release(&holder).await.unwrap();
@@ -157,7 +166,14 @@ async fn waiter_recovers_when_the_subscription_breaks() {
     let k = key("resubscribe");
     let holder = p.try_acquire(&k, TTL).await.unwrap().into_lease().unwrap();
     let (p2, k2) = (Arc::clone(&p), k.clone());
-    let waiter = tokio::spawn(async move { acquire(&p2, &k2, TTL, Duration::from_secs(30)).await });
+    let waiter = tokio::spawn(async move {
+        acquire(
+            &p2,
+            &k2,
+            AcquireOptions::ttl(TTL).wait(Duration::from_secs(30)),
+        )
+        .await
+    });
     tokio::time::sleep(Duration::from_millis(300)).await;
     // The pub/sub connection breaks under the waiter; the lease survives (AOF).
     server.stop();
@@ -193,7 +209,8 @@ async fn waiter_gets_the_key_promptly_when_the_subscriber_is_killed() {
         .into_lease()
         .unwrap();
     let (w, k2) = (Arc::clone(&waiter_p), k.clone());
-    let waiter = tokio::spawn(async move { acquire(&w, &k2, TTL, TTL).await });
+    let waiter =
+        tokio::spawn(async move { acquire(&w, &k2, AcquireOptions::ttl(TTL).wait(TTL)).await });
     let mut conn = admin_connection(&server).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -241,7 +258,8 @@ async fn a_waiter_notices_its_subscriber_connection_was_black_holed() {
         .into_lease()
         .unwrap();
     let (w, k2) = (Arc::clone(&waiter_p), k.clone());
-    let waiter = tokio::spawn(async move { acquire(&w, &k2, TTL, TTL).await });
+    let waiter =
+        tokio::spawn(async move { acquire(&w, &k2, AcquireOptions::ttl(TTL).wait(TTL)).await });
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!waiter.is_finished(), "the waiter did not wait");
     proxy.blackhole_open_connections();
@@ -384,7 +402,15 @@ async fn an_evicting_server_is_refused_unless_allowed_and_then_declared_volatile
         // acquire fails at once instead of retrying for its whole wait.
         let started = Instant::now();
         let p: Arc<dyn LeaseProvider> = Arc::new(provider(&server));
-        assert!(acquire(&p, &k, TTL, Duration::from_secs(10)).await.is_err());
+        assert!(
+            acquire(
+                &p,
+                &k,
+                AcquireOptions::ttl(TTL).wait(Duration::from_secs(10))
+            )
+            .await
+            .is_err()
+        );
         assert!(
             started.elapsed() < Duration::from_secs(2),
             "{:?}",
@@ -457,10 +483,14 @@ async fn a_user_without_channel_permissions_acquires_waits_and_releases() {
     let limited: Arc<dyn LeaseProvider> = Arc::new(limited);
     let k = key("no-channels");
     let started = Instant::now();
-    let lease = acquire(&limited, &k, TTL, Duration::from_secs(2))
-        .await
-        .unwrap()
-        .expect("a free key, though watching fails");
+    let lease = acquire(
+        &limited,
+        &k,
+        AcquireOptions::ttl(TTL).wait(Duration::from_secs(2)),
+    )
+    .await
+    .unwrap()
+    .expect("a free key, though watching fails");
     assert!(
         started.elapsed() < Duration::from_secs(1),
         "{:?}",
@@ -479,10 +509,14 @@ async fn a_user_without_channel_permissions_acquires_waits_and_releases() {
         .unwrap()
         .into_lease()
         .unwrap();
-    let next = acquire(&limited, &k, TTL, Duration::from_secs(5))
-        .await
-        .unwrap()
-        .expect("acquired when the holder's TTL ran out");
+    let next = acquire(
+        &limited,
+        &k,
+        AcquireOptions::ttl(TTL).wait(Duration::from_secs(5)),
+    )
+    .await
+    .unwrap()
+    .expect("acquired when the holder's TTL ran out");
     assert!(next.token() > held.token());
 }
 

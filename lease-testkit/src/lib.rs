@@ -872,7 +872,9 @@ pub async fn assert_handoff_is_notified<P>(
         .into_lease()
         .expect("the key is free");
     let k = key.clone();
-    let waiting = tokio::spawn(async move { lease_api::acquire(&waiter, &k, ttl, ttl).await });
+    let waiting = tokio::spawn(async move {
+        lease_api::acquire(&waiter, &k, lease_api::AcquireOptions::ttl(ttl).wait(ttl)).await
+    });
     // Let the waiter register and find the key held.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!waiting.is_finished(), "the waiter did not wait");

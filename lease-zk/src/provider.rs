@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use lease_api::backend::drift_margin;
 use lease_api::{
     Capabilities, DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, ExpiryClock, FencingToken, KeyWatch, Lease,
-    LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Notifications, OwnerId, Result,
+    LeaseError, LeaseHandle, LeaseInfo, LeaseKey, LeaseProvider, Notifications, OwnerId, Result,
     TokenDurability, TryAcquire, validate_namespace,
 };
 use tokio::time::Instant;
@@ -688,7 +688,7 @@ impl ZkProvider {
         })?;
         Ok(bounded_validity(
             Lease::new(key.clone(), FencingToken(token), owner, ttl, sent_at)
-                .with_handle(u64::from(epoch.unsigned_abs())),
+                .with_handle(LeaseHandle::ZkKeyVersion(epoch)),
             session,
         ))
     }
@@ -809,7 +809,7 @@ impl LeaseProvider for ZkProvider {
         {
             return Err(lost());
         }
-        let epoch = i32::try_from(lease.handle()).unwrap_or(-1);
+        let epoch = key_version(lease);
         let mut w = client.new_multi_writer();
         if let Err(e) = w.add_check_version(&paths.key, epoch).and_then(|()| {
             // Keep the label the acquire recorded.
@@ -860,7 +860,7 @@ impl LeaseProvider for ZkProvider {
         // Ours but expired: it is no longer held (C7). Still delete the node,
         // guarded like a release, so waiters wake now instead of at their timer.
         let expired = now >= stat.mtime + i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
-        let epoch = i32::try_from(lease.handle()).unwrap_or(-1);
+        let epoch = key_version(lease);
         let mut w = client.new_multi_writer();
         if let Err(e) = w
             .add_check_version(&paths.key, epoch)
@@ -946,5 +946,14 @@ impl KeyWatch for ZkWatch {
             event.event_type == EventType::NodeDeleted
         })
         .await;
+    }
+}
+
+/// The key node version a lease of ours was created under; -1 (no node has it)
+/// for a lease from another backend, so the version check fails.
+fn key_version(lease: &Lease) -> i32 {
+    match lease.handle() {
+        LeaseHandle::ZkKeyVersion(v) => v,
+        _ => -1,
     }
 }

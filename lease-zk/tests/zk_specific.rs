@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use lease_api::{LeaseError, LeaseGuard, LeaseKey, LeaseProvider, acquire};
+use lease_api::{AcquireOptions, LeaseError, LeaseGuard, LeaseKey, LeaseProvider, acquire};
 use lease_testkit::until_ok;
 use lease_testkit::{OwnedProcess, Proxy, owned_zk, owned_zk_with_max_session, store_url};
 use lease_zk::{ZkConfig, ZkProvider};
@@ -64,10 +64,14 @@ async fn lost_session_case(zk: &OwnedProcess, asked: Duration, session: Duration
     // The holder is cut off; its session expires on the server after `session`.
     proxy.cut();
     let started = Instant::now();
-    let next = acquire(&other, &k, TTL, Duration::from_secs(20))
-        .await
-        .unwrap()
-        .expect("freed by session expiry");
+    let next = acquire(
+        &other,
+        &k,
+        AcquireOptions::ttl(TTL).wait(Duration::from_secs(20)),
+    )
+    .await
+    .unwrap()
+    .expect("freed by session expiry");
     assert!(
         started.elapsed() < TTL,
         "freed by the session, long before the TTL"
