@@ -10,6 +10,7 @@ pub const DEFAULT_MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// Whether fencing tokens keep growing across a restart of the store.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum TokenDurability {
     /// Tokens survive restarts; the text says why.
     Durable(String),
@@ -28,6 +29,7 @@ impl TokenDurability {
 
 /// Which clock decides that a lease has expired (C4).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ExpiryClock {
     /// The monotonic clock of this process (the in-memory provider).
     ProcessMonotonic,
@@ -43,6 +45,7 @@ pub enum ExpiryClock {
 
 /// How a provider learns that a key became free (C9).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Notifications {
     /// The store pushes a notification (pub/sub, NOTIFY, watch); the text names it.
     Native(&'static str),
@@ -52,7 +55,23 @@ pub enum Notifications {
 
 /// The declared properties of a provider (C15). The conformance suite reads these
 /// instead of guessing.
+///
+/// Backends build theirs with [`Capabilities::new`] and the `with_*` methods;
+/// the struct is `#[non_exhaustive]` so that a new declaration is not a breaking
+/// change.
+///
+/// ```
+/// use std::time::Duration;
+/// use lease_api::{Capabilities, ExpiryClock, Notifications, TokenDurability};
+///
+/// let caps = Capabilities::new("mystore", ExpiryClock::StoreServer, Notifications::TimedRetryOnly)
+///     .with_ttl_limits(Duration::from_secs(1), Duration::from_secs(3600))
+///     .with_ttl_granularity(Duration::from_secs(1))
+///     .with_durable_tokens(TokenDurability::Durable("a replicated log".into()));
+/// assert_eq!(caps.grant_ttl(Duration::from_millis(1500)).unwrap(), Duration::from_secs(2));
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Capabilities {
     /// A short backend name (`memory`, `redis`, `redlock`, `postgres`, `etcd`, `zookeeper`).
     pub backend: &'static str,
@@ -88,6 +107,7 @@ pub struct Capabilities {
 /// How far a store failover can push a lease's expiry past its TTL (see
 /// [`Capabilities::failover_extension`]): `ttl_multiple × TTL + fixed`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct FailoverExtension {
     /// Whole TTLs added (etcd: 1, the lease restarts at the new leader).
     pub ttl_multiple: u32,
@@ -96,6 +116,14 @@ pub struct FailoverExtension {
 }
 
 impl FailoverExtension {
+    /// `ttl_multiple` whole TTLs plus `fixed`.
+    pub fn new(ttl_multiple: u32, fixed: Duration) -> Self {
+        FailoverExtension {
+            ttl_multiple,
+            fixed,
+        }
+    }
+
     /// The longest a lease of `ttl` may outlive its TTL across one failover.
     pub fn bound(&self, ttl: Duration) -> Duration {
         ttl.saturating_mul(self.ttl_multiple)
@@ -104,6 +132,69 @@ impl FailoverExtension {
 }
 
 impl Capabilities {
+    /// The declarations of `backend`, whose expiry is decided by `expiry_clock`
+    /// and whose waiters are woken by `notifications`. The rest starts at the
+    /// most modest claim: TTLs from 1 ms to [`DEFAULT_MAX_TTL`] in 1 ms steps,
+    /// no expiry slack, token durability unknown, no holder session and no
+    /// failover extension; the `with_*` methods declare more.
+    pub fn new(
+        backend: &'static str,
+        expiry_clock: ExpiryClock,
+        notifications: Notifications,
+    ) -> Self {
+        Capabilities {
+            backend,
+            min_ttl: Duration::from_millis(1),
+            max_ttl: DEFAULT_MAX_TTL,
+            ttl_granularity: Duration::from_millis(1),
+            expiry_slack: Duration::ZERO,
+            durable_tokens: TokenDurability::Unknown("not declared".into()),
+            notifications,
+            expiry_clock,
+            holder_session: None,
+            failover_extension: None,
+        }
+    }
+
+    /// Sets the smallest and largest TTL accepted.
+    pub fn with_ttl_limits(mut self, min: Duration, max: Duration) -> Self {
+        self.min_ttl = min;
+        self.max_ttl = max;
+        self
+    }
+
+    /// Sets the step TTLs are rounded up to.
+    pub fn with_ttl_granularity(mut self, granularity: Duration) -> Self {
+        self.ttl_granularity = granularity;
+        self
+    }
+
+    /// Sets how long past its TTL an expired lease may still refuse others.
+    pub fn with_expiry_slack(mut self, slack: Duration) -> Self {
+        self.expiry_slack = slack;
+        self
+    }
+
+    /// Sets whether tokens survive a store restart.
+    pub fn with_durable_tokens(mut self, durable_tokens: TokenDurability) -> Self {
+        self.durable_tokens = durable_tokens;
+        self
+    }
+
+    /// Declares that leases end with the holder's session, whose timeout is
+    /// `timeout` (see [`holder_session`](Self::holder_session)).
+    pub fn with_holder_session(mut self, timeout: Option<Duration>) -> Self {
+        self.holder_session = timeout;
+        self
+    }
+
+    /// Declares how far a failover may lengthen a lease (see
+    /// [`failover_extension`](Self::failover_extension)).
+    pub fn with_failover_extension(mut self, extension: Option<FailoverExtension>) -> Self {
+        self.failover_extension = extension;
+        self
+    }
+
     /// Checks `ttl` against this provider's limits and returns the TTL that will
     /// be granted: rounded up to [`ttl_granularity`](Self::ttl_granularity).
     ///

@@ -9,8 +9,18 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{FencingToken, Lease, LeaseError, LeaseKey, LeaseProvider, Result, deadline_after};
 
-/// How a [`LeaseGuard`] renews.
+/// How a [`LeaseGuard`] renews. Start from `GuardConfig::default()` and change
+/// what you need:
+///
+/// ```
+/// use std::time::Duration;
+/// use lease_api::GuardConfig;
+///
+/// let config = GuardConfig::default().renew_every(Duration::from_secs(2)).keep_on_drop(true);
+/// assert_eq!(config.renew_every, Some(Duration::from_secs(2)));
+/// ```
 #[derive(Clone, Debug, Default)]
+#[non_exhaustive]
 pub struct GuardConfig {
     /// Renew this long after the last successful renewal was sent.
     /// Default: a third of the lease's local validity window (for most
@@ -30,8 +40,35 @@ pub struct GuardConfig {
     pub keep_on_drop: bool,
 }
 
+impl GuardConfig {
+    /// Sets [`renew_every`](Self::renew_every).
+    pub fn renew_every(mut self, every: Duration) -> Self {
+        self.renew_every = Some(every);
+        self
+    }
+
+    /// Sets [`retry_every`](Self::retry_every).
+    pub fn retry_every(mut self, every: Duration) -> Self {
+        self.retry_every = Some(every);
+        self
+    }
+
+    /// Sets [`lost_margin`](Self::lost_margin).
+    pub fn lost_margin(mut self, margin: Duration) -> Self {
+        self.lost_margin = Some(margin);
+        self
+    }
+
+    /// Sets [`keep_on_drop`](Self::keep_on_drop).
+    pub fn keep_on_drop(mut self, keep: bool) -> Self {
+        self.keep_on_drop = keep;
+        self
+    }
+}
+
 /// Why a guard's lease was lost.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum LostReason {
     /// The store said this owner no longer holds the key (it expired or was
     /// taken over).

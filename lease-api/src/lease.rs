@@ -261,6 +261,7 @@ impl Lease {
 
 /// What `inspect` reports about a held key (C13).
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LeaseInfo {
     /// The holder's fencing token.
     pub token: FencingToken,
@@ -271,6 +272,24 @@ pub struct LeaseInfo {
     /// The holder's label (by default `user@host:pid`), when it recorded one;
     /// leases written by a version without labels have none.
     pub holder: Option<String>,
+}
+
+impl LeaseInfo {
+    /// A holder with `token` whose lease the store ends in `remaining`; its
+    /// owner id and label where the store keeps them.
+    pub fn new(
+        token: FencingToken,
+        remaining: Duration,
+        owner: Option<OwnerId>,
+        holder: Option<String>,
+    ) -> Self {
+        LeaseInfo {
+            token,
+            remaining,
+            owner,
+            holder,
+        }
+    }
 }
 
 /// The answer of `try_acquire`.

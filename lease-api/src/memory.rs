@@ -12,9 +12,8 @@ use tokio::time::Instant;
 
 use crate::provider::NotifyWatch;
 use crate::{
-    Capabilities, DEFAULT_MAX_TTL, ExpiryClock, FencingToken, KeyWatch, Lease, LeaseError,
-    LeaseInfo, LeaseKey, LeaseProvider, Notifications, OwnerId, Result, TokenDurability,
-    TryAcquire, validate_namespace,
+    Capabilities, ExpiryClock, FencingToken, KeyWatch, Lease, LeaseError, LeaseInfo, LeaseKey,
+    LeaseProvider, Notifications, OwnerId, Result, TokenDurability, TryAcquire, validate_namespace,
 };
 
 /// The default namespace of every provider.
@@ -135,20 +134,14 @@ impl MemoryStore {
 }
 
 fn memory_capabilities() -> Capabilities {
-    Capabilities {
-        backend: "memory",
-        min_ttl: Duration::from_millis(1),
-        max_ttl: DEFAULT_MAX_TTL,
-        ttl_granularity: Duration::from_millis(1),
-        expiry_slack: Duration::ZERO,
-        durable_tokens: TokenDurability::Volatile(
-            "tokens live in process memory and start again at 1 in a new process".into(),
-        ),
-        notifications: Notifications::Native("in-process notify"),
-        expiry_clock: ExpiryClock::ProcessMonotonic,
-        holder_session: None,
-        failover_extension: None,
-    }
+    Capabilities::new(
+        "memory",
+        ExpiryClock::ProcessMonotonic,
+        Notifications::Native("in-process notify"),
+    )
+    .with_durable_tokens(TokenDurability::Volatile(
+        "tokens live in process memory and start again at 1 in a new process".into(),
+    ))
 }
 
 /// The in-memory reference provider: the complete contract in one process.

@@ -12,8 +12,17 @@ use crate::{
     Result, acquire,
 };
 
-/// Options for [`run_with_lease`].
+/// Options for [`run_with_lease`]: start from `RunOptions::default()`.
+///
+/// ```
+/// use std::time::Duration;
+/// use lease_api::RunOptions;
+///
+/// let options = RunOptions::default().wait(Duration::from_secs(1)).min_hold(Duration::from_secs(50));
+/// assert_eq!(options.min_hold, Duration::from_secs(50));
+/// ```
 #[derive(Clone, Debug, Default)]
+#[non_exhaustive]
 pub struct RunOptions {
     /// How long to wait for the key if it is held. Default: do not wait.
     pub wait: Duration,
@@ -30,8 +39,29 @@ pub struct RunOptions {
     pub guard: GuardConfig,
 }
 
+impl RunOptions {
+    /// Sets [`wait`](Self::wait).
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Sets [`min_hold`](Self::min_hold).
+    pub fn min_hold(mut self, min_hold: Duration) -> Self {
+        self.min_hold = min_hold;
+        self
+    }
+
+    /// Sets [`guard`](Self::guard).
+    pub fn guard(mut self, guard: GuardConfig) -> Self {
+        self.guard = guard;
+        self
+    }
+}
+
 /// What the job gets: the key, its fencing token, and the lost signal.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct LeaseContext {
     /// The leased key.
     pub key: LeaseKey,

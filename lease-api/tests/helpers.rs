@@ -295,10 +295,7 @@ async fn minimum_hold_keeps_the_key_after_a_short_job() {
     let k = key("cron-slot");
     let started = Instant::now();
     let min_hold = Duration::from_secs(60);
-    let options = RunOptions {
-        min_hold,
-        ..RunOptions::default()
-    };
+    let options = RunOptions::default().min_hold(min_hold);
     let out = run_with_lease(
         Arc::clone(&provider),
         &k,
@@ -494,10 +491,7 @@ async fn guard_with_renew_interval_beyond_the_ttl_still_keeps_the_lease() {
         .unwrap()
         .into_lease()
         .unwrap();
-    let config = GuardConfig {
-        renew_every: Some(TTL * 2),
-        ..GuardConfig::default()
-    };
+    let config = GuardConfig::default().renew_every(TTL * 2);
     let guard = LeaseGuard::with_config(Arc::clone(&provider), lease, config);
     sleep(TTL * 5).await;
     assert!(!guard.is_lost(), "{:?}", guard.lost_reason());
@@ -547,21 +541,17 @@ async fn huge_durations_never_panic() {
         .unwrap()
         .expect("acquired after release");
     // A guard with every interval at its maximum.
-    let config = GuardConfig {
-        renew_every: Some(Duration::MAX),
-        retry_every: Some(Duration::MAX),
-        lost_margin: Some(Duration::MAX),
-        keep_on_drop: false,
-    };
+    let config = GuardConfig::default()
+        .renew_every(Duration::MAX)
+        .retry_every(Duration::MAX)
+        .lost_margin(Duration::MAX)
+        .keep_on_drop(false);
     let guard = LeaseGuard::with_config(Arc::clone(&provider), second, config);
     sleep(TTL * 3).await;
     assert!(!guard.is_lost(), "{:?}", guard.lost_reason());
     guard.release().await.unwrap();
     // A minimum hold beyond any TTL: held as long as the store allows, no panic.
-    let options = RunOptions {
-        min_hold: Duration::MAX,
-        ..RunOptions::default()
-    };
+    let options = RunOptions::default().min_hold(Duration::MAX);
     let outcome = run_with_lease(Arc::clone(&provider), &k, TTL, options, |_| async {})
         .await
         .unwrap();

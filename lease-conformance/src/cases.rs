@@ -1427,10 +1427,7 @@ async fn min_hold_keeps_key_after_a_short_job(ctx: Ctx) -> CaseResult {
     let ttl = short_ttl(&*p);
     let min_hold = ttl * 3;
     let started = Instant::now();
-    let options = RunOptions {
-        min_hold,
-        ..RunOptions::default()
-    };
+    let options = RunOptions::default().min_hold(min_hold);
     let outcome = run_with_lease(Arc::clone(&p), &key, ttl, options, |_| async {}).await?;
     let RunOutcome::Completed { token, .. } = outcome else {
         return Err(CaseError(format!("the job did not complete: {outcome:?}")));

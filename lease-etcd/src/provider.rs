@@ -19,6 +19,7 @@ use tokio::time::Instant;
 
 /// TLS settings for `https://` endpoints.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct EtcdTls {
     /// The CA that signed the servers' certificates (PEM); the system's roots
     /// when `None`.
@@ -28,8 +29,27 @@ pub struct EtcdTls {
     pub identity: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
+impl EtcdTls {
+    /// Trusts the CA in `ca` (PEM) instead of the system's roots.
+    pub fn ca(mut self, ca: impl Into<std::path::PathBuf>) -> Self {
+        self.ca = Some(ca.into());
+        self
+    }
+
+    /// Presents the client certificate `cert` with its key `key` (both PEM).
+    pub fn identity(
+        mut self,
+        cert: impl Into<std::path::PathBuf>,
+        key: impl Into<std::path::PathBuf>,
+    ) -> Self {
+        self.identity = Some((cert.into(), key.into()));
+        self
+    }
+}
+
 /// How to reach etcd. `Debug` never shows the password.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct EtcdConfig {
     /// One or more endpoints, `http://host:port` or `https://host:port`.
     pub endpoints: Vec<String>,
@@ -162,28 +182,23 @@ impl EtcdProvider {
                 )));
             }
         }
-        let caps = Capabilities {
-            backend: "etcd",
-            min_ttl: Duration::from_secs(2),
-            max_ttl: DEFAULT_MAX_TTL,
-            ttl_granularity: Duration::from_secs(1),
-            // The lessor checks for expired leases every 500 ms and revokes
-            // them through raft.
-            expiry_slack: Duration::from_millis(1000),
-            durable_tokens: TokenDurability::Durable(
-                "tokens are etcd create revisions: global, raft-replicated and persisted".into(),
-            ),
-            notifications: Notifications::Native("etcd watch"),
-            expiry_clock: ExpiryClock::ConsensusLeader,
-            holder_session: None,
-            // A new leader restarts every lease at its full TTL once elected
-            // (etcd's lessor promotion), so a failover can hold a crashed
-            // holder's key for another TTL plus the election timeout.
-            failover_extension: Some(FailoverExtension {
-                ttl_multiple: 1,
-                fixed: ELECTION_TIMEOUT_BOUND,
-            }),
-        };
+        let caps = Capabilities::new(
+            "etcd",
+            ExpiryClock::ConsensusLeader,
+            Notifications::Native("etcd watch"),
+        )
+        .with_ttl_limits(Duration::from_secs(2), DEFAULT_MAX_TTL)
+        .with_ttl_granularity(Duration::from_secs(1))
+        // The lessor checks for expired leases every 500 ms and revokes
+        // them through raft.
+        .with_expiry_slack(Duration::from_millis(1000))
+        .with_durable_tokens(TokenDurability::Durable(
+            "tokens are etcd create revisions: global, raft-replicated and persisted".into(),
+        ))
+        // A new leader restarts every lease at its full TTL once elected
+        // (etcd's lessor promotion), so a failover can hold a crashed
+        // holder's key for another TTL plus the election timeout.
+        .with_failover_extension(Some(FailoverExtension::new(1, ELECTION_TIMEOUT_BOUND)));
         Ok(EtcdProvider {
             inner: Arc::new(Inner {
                 prefix: format!("lease/{}/", encode_namespace(&config.namespace)),
@@ -653,12 +668,7 @@ impl LeaseProvider for EtcdProvider {
         let Some(remaining) = self.time_to_live(kv.lease()).await? else {
             return Ok(None);
         };
-        Ok(Some(LeaseInfo {
-            token,
-            remaining,
-            owner,
-            holder,
-        }))
+        Ok(Some(LeaseInfo::new(token, remaining, owner, holder)))
     }
 
     async fn watch(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {

@@ -231,9 +231,12 @@ async fn tls_with_client_certificates_and_users_works_and_refusals_are_denied() 
         etcdctl_tls(&server, &ca, args);
     }
     let endpoint = format!("https://127.0.0.1:{}", server.port());
-    let tls = |ca_file: std::path::PathBuf, with_cert: bool| EtcdTls {
-        ca: Some(ca_file),
-        identity: with_cert.then(|| ca.client()),
+    let tls = |ca_file: std::path::PathBuf, with_cert: bool| {
+        let tls = EtcdTls::default().ca(ca_file);
+        match with_cert.then(|| ca.client()) {
+            Some((cert, key)) => tls.identity(cert, key),
+            None => tls,
+        }
     };
     let make = |user: &str, password: &str, tls: EtcdTls| {
         EtcdProvider::new(

@@ -20,6 +20,7 @@ use crate::sql::{Statements, payload, validate_identifier};
 
 /// How to reach PostgreSQL and where the lease table lives.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct PostgresConfig {
     /// `postgres://user:password@host:port/database` (also `postgresql://`).
     pub url: String,
@@ -78,6 +79,13 @@ impl PostgresConfig {
     /// Sets the pool size.
     pub fn max_connections(mut self, n: u32) -> Self {
         self.max_connections = n.max(1);
+        self
+    }
+
+    /// Creates the table on first use (the default), or leaves it to
+    /// [`PostgresProvider::migrate`] run elsewhere.
+    pub fn create_table(mut self, create: bool) -> Self {
+        self.create_table = create;
         self
     }
 }
@@ -192,20 +200,17 @@ impl PostgresProvider {
             .max_connections(config.max_connections)
             .min_connections(0)
             .acquire_timeout(config.connect_timeout);
-        let base = Capabilities {
-            backend: "postgres",
-            min_ttl: Duration::from_millis(10),
-            max_ttl: DEFAULT_MAX_TTL,
-            ttl_granularity: Duration::from_millis(1),
-            expiry_slack: Duration::from_millis(5),
-            durable_tokens: TokenDurability::Unknown(
-                "not yet probed: tokens are rows, durable unless fsync or synchronous_commit is off".into(),
-            ),
-            notifications: Notifications::Native("PostgreSQL LISTEN/NOTIFY"),
-            expiry_clock: ExpiryClock::StoreServer,
-            holder_session: None,
-            failover_extension: None,
-        };
+        let base = Capabilities::new(
+            "postgres",
+            ExpiryClock::StoreServer,
+            Notifications::Native("PostgreSQL LISTEN/NOTIFY"),
+        )
+        .with_ttl_limits(Duration::from_millis(10), DEFAULT_MAX_TTL)
+        .with_expiry_slack(Duration::from_millis(5))
+        .with_durable_tokens(TokenDurability::Unknown(
+            "not yet probed: tokens are rows, durable unless fsync or synchronous_commit is off"
+                .into(),
+        ));
         Ok(PostgresProvider {
             inner: Arc::new(Inner {
                 pool: OnceLock::new(),
@@ -648,12 +653,12 @@ impl LeaseProvider for PostgresProvider {
         let owner: Option<String> = row.try_get(1).map_err(decode)?;
         let remaining: i64 = row.try_get(2).map_err(decode)?;
         let holder: Option<String> = row.try_get(3).map_err(decode)?;
-        Ok(Some(LeaseInfo {
-            token: FencingToken(u64::try_from(token).unwrap_or(0)),
-            remaining: from_micros(remaining),
-            owner: owner.as_deref().and_then(OwnerId::from_hex),
+        Ok(Some(LeaseInfo::new(
+            FencingToken(u64::try_from(token).unwrap_or(0)),
+            from_micros(remaining),
+            owner.as_deref().and_then(OwnerId::from_hex),
             holder,
-        }))
+        )))
     }
 
     async fn watch(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {

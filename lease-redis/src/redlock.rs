@@ -25,6 +25,7 @@ use crate::single::{
 
 /// How to reach the independent Redis nodes of a Redlock.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct RedlockConfig {
     /// One URL per node; at least 3, best an odd number. The nodes must be
     /// independent servers (not replicas of each other).
@@ -179,18 +180,18 @@ impl RedlockProvider {
             .map(|u| Node::new(u, timeouts))
             .collect::<Result<Vec<_>>>()?;
         let ns_encoded = encode(&config.namespace);
-        let caps = Capabilities {
-            durable_tokens: TokenDurability::Volatile(
+        let base = base_capabilities("redlock", ExpiryClock::QuorumOfServers);
+        let max_ttl = base.max_ttl;
+        let caps = base
+            .with_durable_tokens(TokenDurability::Volatile(
                 "Redlock tokens survive restarts only if the restarted node kept its counters (AOF with appendfsync always) \
                  or stays down longer than the longest TTL"
                     .into(),
-            ),
+            ))
             // A lease must outlive a round plus the drift margin; per-node
             // timeouts are a tenth of the TTL but at least MIN_NODE_TIMEOUT,
             // so below ten of those a single slow node eats the validity.
-            min_ttl: MIN_NODE_TIMEOUT * 10,
-            ..base_capabilities("redlock", ExpiryClock::QuorumOfServers)
-        };
+            .with_ttl_limits(MIN_NODE_TIMEOUT * 10, max_ttl);
         Ok(RedlockProvider {
             inner: Arc::new(Inner {
                 allow_eviction: config.allow_eviction,
@@ -673,12 +674,7 @@ impl LeaseProvider for RedlockProvider {
                     .max()
                     .unwrap_or(FencingToken(0));
                 let holder = same.iter().find_map(|(_, _, _, h)| h.clone());
-                return Ok(Some(LeaseInfo {
-                    token,
-                    remaining,
-                    owner: Some(*owner),
-                    holder,
-                }));
+                return Ok(Some(LeaseInfo::new(token, remaining, Some(*owner), holder)));
             }
         }
         Ok(None)

@@ -24,6 +24,7 @@ pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How to reach one Redis server.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct RedisConfig {
     /// `redis://[user:password@]host[:port][/db]` (or `rediss://` with the
     /// redis crate's TLS features enabled).
@@ -110,22 +111,14 @@ pub(crate) async fn check_eviction(node: &Node, allow: bool) -> Result<()> {
 }
 
 pub(crate) fn base_capabilities(backend: &'static str, clock: ExpiryClock) -> Capabilities {
-    Capabilities {
-        backend,
-        min_ttl: Duration::from_millis(10),
-        max_ttl: DEFAULT_MAX_TTL,
-        ttl_granularity: Duration::from_millis(1),
+    Capabilities::new(backend, clock, Notifications::Native("Redis pub/sub"))
+        .with_ttl_limits(Duration::from_millis(10), DEFAULT_MAX_TTL)
         // Redis expires keys lazily on access (exactly at the deadline) and
         // actively every 100 ms; a script sees a key as gone once its PTTL ran out.
-        expiry_slack: Duration::from_millis(5),
-        durable_tokens: TokenDurability::Unknown(
+        .with_expiry_slack(Duration::from_millis(5))
+        .with_durable_tokens(TokenDurability::Unknown(
             "not yet probed: tokens survive restarts only with AOF and appendfsync always".into(),
-        ),
-        notifications: Notifications::Native("Redis pub/sub"),
-        expiry_clock: clock,
-        holder_session: None,
-        failover_extension: None,
-    }
+        ))
 }
 
 /// Reads `appendonly` and `appendfsync` to say whether fence counters survive
@@ -449,12 +442,12 @@ impl LeaseProvider for RedisProvider {
                     let (owner, token, holder) = parse_value(&value).ok_or_else(|| {
                         LeaseError::protocol(format!("malformed lease value {value:?}"))
                     })?;
-                    Ok(Some(LeaseInfo {
+                    Ok(Some(LeaseInfo::new(
                         token,
-                        remaining: Duration::from_millis(u64::try_from(*pttl).unwrap_or(0)),
-                        owner: Some(owner),
+                        Duration::from_millis(u64::try_from(*pttl).unwrap_or(0)),
+                        Some(owner),
                         holder,
-                    }))
+                    )))
                 }
                 _ => Err(LeaseError::protocol(format!(
                     "unexpected answer to inspect: {items:?}"

@@ -18,6 +18,7 @@ use zookeeper_client::{
 
 /// How to reach ZooKeeper.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct ZkConfig {
     /// Comma-separated `host:port` list, e.g. `zk1:2181,zk2:2181,zk3:2181`.
     pub hosts: String,
@@ -252,22 +253,19 @@ impl ZkProvider {
                 "ZooKeeper chroot {c:?} must be an absolute path like /apps/lease"
             )));
         }
-        let caps = Capabilities {
-            backend: "zookeeper",
-            min_ttl: Duration::from_millis(100),
-            max_ttl: DEFAULT_MAX_TTL,
-            ttl_granularity: Duration::from_millis(1),
-            // Expiry is judged against a probe write's mtime: millisecond
-            // timestamps of the leader's clock.
-            expiry_slack: Duration::from_millis(50),
-            durable_tokens: TokenDurability::Durable(
-                "tokens are czxids: global transaction ids that include the leader epoch, persisted by every quorum write".into(),
-            ),
-            notifications: Notifications::Native("ZooKeeper watch"),
-            expiry_clock: ExpiryClock::ServerWallClock,
-            holder_session: Some(config.session_timeout),
-            failover_extension: None,
-        };
+        let caps = Capabilities::new(
+            "zookeeper",
+            ExpiryClock::ServerWallClock,
+            Notifications::Native("ZooKeeper watch"),
+        )
+        .with_ttl_limits(Duration::from_millis(100), DEFAULT_MAX_TTL)
+        // Expiry is judged against a probe write's mtime: millisecond
+        // timestamps of the leader's clock.
+        .with_expiry_slack(Duration::from_millis(50))
+        .with_durable_tokens(TokenDurability::Durable(
+            "tokens are czxids: global transaction ids that include the leader epoch, persisted by every quorum write".into(),
+        ))
+        .with_holder_session(Some(config.session_timeout));
         Ok(ZkProvider {
             inner: Arc::new(Inner {
                 ns_path: format!("/lease/{}", segment(&config.namespace)),
@@ -424,10 +422,12 @@ impl ZkProvider {
                 "ZooKeeper granted a different session timeout; leases follow the granted one"
             );
         }
-        let _ = self.inner.granted_caps.set(Capabilities {
-            holder_session: Some(granted),
-            ..self.inner.asked_caps.clone()
-        });
+        let _ = self.inner.granted_caps.set(
+            self.inner
+                .asked_caps
+                .clone()
+                .with_holder_session(Some(granted)),
+        );
         // A new session may be served by another server: take a new clock sample.
         *self.inner.clock.lock().await = None;
         *slot = Some(client.clone());
@@ -899,13 +899,13 @@ impl LeaseProvider for ZkProvider {
         if now >= expires {
             return Ok(None);
         }
-        Ok(Some(LeaseInfo {
-            token: FencingToken(u64::try_from(stat.czxid).unwrap_or(0)),
+        Ok(Some(LeaseInfo::new(
+            FencingToken(u64::try_from(stat.czxid).unwrap_or(0)),
             // The clock sample is a lower bound; never report more than the TTL.
-            remaining: Duration::from_millis(u64::try_from(expires - now).unwrap_or(0)).min(ttl),
-            owner: Some(owner),
+            Duration::from_millis(u64::try_from(expires - now).unwrap_or(0)).min(ttl),
+            Some(owner),
             holder,
-        }))
+        )))
     }
 
     async fn flush(&self, limit: Duration) {

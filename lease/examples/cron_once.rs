@@ -53,10 +53,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let ttl = provider
                     .capabilities()
                     .practical_ttl(Duration::from_secs(5));
-                let options = RunOptions {
-                    min_hold,
-                    ..RunOptions::default()
-                };
+                let options = RunOptions::default().min_hold(min_hold);
                 let runs = Arc::clone(&runs);
                 let outcome = run_with_lease(
                     Arc::clone(&provider),

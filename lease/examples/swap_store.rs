@@ -23,10 +23,7 @@ async fn worker(
 ) -> lease::Result<()> {
     for job in ["invoice-run", "ledger-close", "export"] {
         let key = LeaseKey::new(format!("swap-store-demo/{job}"))?;
-        let options = RunOptions {
-            wait: Duration::from_millis(50),
-            ..RunOptions::default()
-        };
+        let options = RunOptions::default().wait(Duration::from_millis(50));
         let outcome = run_with_lease(Arc::clone(&provider), &key, ttl, options, |ctx| {
             let done = Arc::clone(&done);
             let name = name.clone();

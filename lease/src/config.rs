@@ -174,14 +174,14 @@ fn zk_config(
 
 #[cfg(feature = "etcd")]
 fn etcd_config(endpoints: &[String], access: &EtcdAccess) -> lease_etcd::EtcdConfig {
-    let mut config = lease_etcd::EtcdConfig::new(endpoints.to_vec()).tls(lease_etcd::EtcdTls {
-        ca: access.ca.as_ref().map(Into::into),
-        identity: access
-            .cert
-            .as_ref()
-            .zip(access.key.as_ref())
-            .map(|(c, k)| (c.into(), k.into())),
-    });
+    let mut tls = lease_etcd::EtcdTls::default();
+    if let Some(ca) = &access.ca {
+        tls = tls.ca(ca);
+    }
+    if let (Some(cert), Some(key)) = (&access.cert, &access.key) {
+        tls = tls.identity(cert, key);
+    }
+    let mut config = lease_etcd::EtcdConfig::new(endpoints.to_vec()).tls(tls);
     if let (Some(user), Some(password)) = (&access.user, &access.password) {
         config = config.credentials(user, password);
     }
@@ -604,6 +604,7 @@ fn feature_of(store: &Store) -> &'static str {
 /// ```
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct StoreConfig {
     /// The store URL (see [`URL_FORMS`]).
     pub store: String,
@@ -691,6 +692,25 @@ impl StoreConfig {
             connect_timeout: default_connect(),
             request_timeout: default_request(),
         }
+    }
+
+    /// Sets the namespace.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = namespace.into();
+        self
+    }
+
+    /// Sets the TTL used when none is given.
+    pub fn default_ttl(mut self, ttl: Duration) -> Self {
+        self.default_ttl = ttl;
+        self
+    }
+
+    /// Sets the connect and request timeouts.
+    pub fn timeouts(mut self, connect: Duration, request: Duration) -> Self {
+        self.connect_timeout = connect;
+        self.request_timeout = request;
+        self
     }
 
     /// Reads TOML text with the fields of this struct.
@@ -944,12 +964,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("invalid table"), "{err}");
-        let err = StoreConfig {
-            namespace: String::new(),
-            ..StoreConfig::new("memory://")
-        }
-        .build()
-        .unwrap_err();
+        let err = StoreConfig::new("memory://")
+            .namespace("")
+            .build()
+            .unwrap_err();
         assert!(matches!(err, LeaseError::Config(_)));
     }
 
