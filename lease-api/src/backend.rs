@@ -7,6 +7,30 @@ pub use crate::key::validate_purge_prefix;
 pub use crate::lease::drift_margin;
 pub use crate::provider::NotifyWatch;
 
+use std::future::Future;
+use std::time::Duration;
+
+use crate::LeaseError;
+
+/// Bounds one store call by `limit`: the call's own error goes through
+/// `map_err`, and running out of time is [`LeaseError::Timeout`] naming
+/// `operation`. Every provider bounds its calls with this, so a store that
+/// stops answering is reported the same way on every backend.
+///
+/// # Errors
+/// `map_err` of the call's error, or `Timeout` after `limit`.
+pub async fn bounded<T, E>(
+    operation: &'static str,
+    limit: Duration,
+    call: impl Future<Output = Result<T, E>>,
+    map_err: impl FnOnce(E) -> LeaseError,
+) -> crate::Result<T> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(r) => r.map_err(map_err),
+        Err(_) => Err(LeaseError::timeout(operation, limit)),
+    }
+}
+
 /// True when `e`, or an error that caused it, is a TLS handshake refusal: a
 /// server certificate that is not trusted or does not name the host, or a
 /// server that refused our client certificate. Clients often keep rustls's

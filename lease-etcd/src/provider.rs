@@ -340,21 +340,13 @@ impl EtcdProvider {
                 if c.endpoints.iter().any(|e| e.starts_with("https://")) {
                     options = options.with_tls(self.tls_options()?);
                 }
-                match tokio::time::timeout(
+                lease_api::backend::bounded(
+                    "connecting",
                     c.connect_timeout + c.request_timeout,
                     Client::connect(&c.endpoints, Some(options)),
+                    |e| self.map_err(e),
                 )
                 .await
-                {
-                    Ok(r) => r.map_err(|e| self.map_err(e)),
-                    Err(_) => Err(LeaseError::Unavailable {
-                        message: format!(
-                            "etcd at {} did not accept a connection in time",
-                            self.inner.display
-                        ),
-                        source: None,
-                    }),
-                }
             })
             .await?;
         Ok(client.clone())
@@ -369,16 +361,7 @@ impl EtcdProvider {
     {
         let client = self.client().await?;
         let limit = self.inner.config.request_timeout + self.inner.config.connect_timeout;
-        match tokio::time::timeout(limit, f(client)).await {
-            Ok(r) => r.map_err(|e| self.map_err(e)),
-            Err(_) => Err(LeaseError::Unavailable {
-                message: format!(
-                    "etcd at {} did not answer {what} within {limit:?}",
-                    self.inner.display
-                ),
-                source: None,
-            }),
-        }
+        lease_api::backend::bounded(what, limit, f(client), |e| self.map_err(e)).await
     }
 
     fn revoke_in_background(&self, lease_id: i64) {

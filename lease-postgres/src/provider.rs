@@ -290,10 +290,7 @@ impl PostgresProvider {
         what: &'static str,
         f: impl std::future::Future<Output = Result<T, sqlx::Error>>,
     ) -> Result<T> {
-        match tokio::time::timeout(self.inner.response_timeout, f).await {
-            Ok(r) => r.map_err(|e| self.map_err(e)),
-            Err(_) => Err(LeaseError::timeout(what, self.inner.response_timeout)),
-        }
+        lease_api::backend::bounded(what, self.inner.response_timeout, f, |e| self.map_err(e)).await
     }
 
     /// Creates the schema (if not `public`) and the lease table if they do not

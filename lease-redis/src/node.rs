@@ -191,10 +191,7 @@ impl Node {
         call: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> Result<T> {
         let limit = self.timeouts.connect + self.timeouts.response;
-        let result = match tokio::time::timeout(limit, call).await {
-            Ok(r) => r.map_err(|e| self.map_err(e)),
-            Err(_) => Err(LeaseError::timeout(what, limit)),
-        };
+        let result = lease_api::backend::bounded(what, limit, call, |e| self.map_err(e)).await;
         if matches!(result, Err(LeaseError::Timeout { .. })) {
             self.forget_connection();
         }
@@ -374,15 +371,8 @@ impl Node {
             sink.subscribe(channel).await?;
             Ok::<_, RedisError>((sink, stream))
         };
-        let (sink, mut stream) = match tokio::time::timeout(limit, setup).await {
-            Ok(r) => r.map_err(|e| self.map_err(e))?,
-            Err(_) => {
-                return Err(LeaseError::Unavailable {
-                    message: format!("subscribing at Redis {} took over {limit:?}", self.display),
-                    source: None,
-                });
-            }
-        };
+        let (sink, mut stream) =
+            lease_api::backend::bounded("subscribing", limit, setup, |e| self.map_err(e)).await?;
         let hub = Arc::clone(hub);
         let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
         let flag = Arc::clone(&alive);

@@ -7,6 +7,7 @@ use async_trait::async_trait;
 use futures_util::StreamExt;
 use futures_util::future::join_all;
 use futures_util::stream::FuturesUnordered;
+use lease_api::backend::bounded;
 use lease_api::{
     Capabilities, DEFAULT_NAMESPACE, ExpiryClock, FencingToken, KeyWatch, Lease, LeaseError,
     LeaseInfo, LeaseKey, LeaseProvider, OwnerId, Result, TokenDurability, TryAcquire,
@@ -275,9 +276,7 @@ impl RedlockProvider {
             .map(|(i, n)| {
                 let call = f(n);
                 async move {
-                    let r = tokio::time::timeout(limit, call)
-                        .await
-                        .unwrap_or_else(|_| Err(LeaseError::timeout("a Redlock node", limit)));
+                    let r = bounded("a Redlock node", limit, call, |e| e).await;
                     (i, r)
                 }
             })
@@ -393,11 +392,10 @@ impl RedlockProvider {
                 let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
                 let args: Vec<&str> = args.iter().map(String::as_str).collect();
                 let call = inner.nodes[i].eval::<(i64, i64, String)>(&ACQUIRE, &keys, &args);
-                let reply = match tokio::time::timeout(limit, call).await {
-                    Ok(Ok((1, token, _))) => Reply::Yes(u64::try_from(token).unwrap_or(0)),
-                    Ok(Ok((_, pttl, holder))) => Reply::No(pttl, holder),
-                    Ok(Err(e)) => Reply::Down(e),
-                    Err(_) => Reply::Down(LeaseError::timeout("a Redlock node's acquire", limit)),
+                let reply = match bounded("a Redlock node's acquire", limit, call, |e| e).await {
+                    Ok((1, token, _)) => Reply::Yes(u64::try_from(token).unwrap_or(0)),
+                    Ok((_, pttl, holder)) => Reply::No(pttl, holder),
+                    Err(e) => Reply::Down(e),
                 };
                 let _ = tx.send((i, reply)).await;
             });
@@ -434,14 +432,16 @@ impl RedlockProvider {
             let keys = [lease_key.as_str(), fence_key.as_str()];
             let raise_args = [owner_hex.as_str(), token_arg.as_str(), &holder];
             let raised = join_all(won.iter().map(|(i, _)| {
-                tokio::time::timeout(
+                bounded(
+                    "a Redlock node's raise",
                     limit,
                     self.inner.nodes[*i].eval::<i64>(&RAISE, &keys, &raise_args),
+                    |e| e,
                 )
             }))
             .await
             .into_iter()
-            .filter(|r| matches!(r, Ok(Ok(1))))
+            .filter(|r| matches!(r, Ok(1)))
             .count();
             let lease = Lease::new(key.clone(), FencingToken(token), owner, ttl, sent_at)
                 .with_holder(Arc::clone(&holder));
@@ -466,12 +466,14 @@ impl RedlockProvider {
                 // It answered: release there now, and cancel in the background
                 // only if that fails.
                 Some(Reply::Yes(_)) => undo.push(async move {
-                    let released = tokio::time::timeout(
+                    let released = bounded(
+                        "a Redlock node's release",
                         limit,
                         self.inner.nodes[i].eval::<i64>(&RELEASE, &release_keys, &release_args),
+                        |e| e,
                     )
                     .await;
-                    (i, matches!(released, Ok(Ok(_))))
+                    (i, released.is_ok())
                 }),
                 _ => self.cancel_on(i, lease_key.clone(), owner_hex.clone(), ttl, key),
             }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lease_api::backend::drift_margin;
+use lease_api::backend::{bounded, drift_margin};
 use lease_api::{
     Capabilities, DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, ExpiryClock, FencingToken, KeyWatch, Lease,
     LeaseError, LeaseHandle, LeaseInfo, LeaseKey, LeaseProvider, Notifications, OwnerId, Result,
@@ -334,16 +334,6 @@ impl ZkProvider {
         }
     }
 
-    fn timeout_error(&self, what: &str) -> LeaseError {
-        LeaseError::Unavailable {
-            message: format!(
-                "ZooKeeper at {} did not answer {what} within {:?}",
-                self.inner.config.hosts, self.inner.config.request_timeout
-            ),
-            source: None,
-        }
-    }
-
     /// The session's client; a new session when there is none or it ended.
     async fn client(&self) -> Result<Client> {
         let mut slot = self.inner.client.lock().await;
@@ -371,30 +361,30 @@ impl ZkProvider {
             .with_connection_timeout(c.connect_timeout)
             .with_fail_eagerly()
             .connect(&c.hosts);
-        let mut client =
-            match tokio::time::timeout(c.connect_timeout + c.request_timeout, connect).await {
-                Ok(r) => r.map_err(|e| self.map_err(e))?,
-                Err(_) => return Err(self.timeout_error("the connection")),
-            };
+        let mut client = bounded(
+            "connecting",
+            c.connect_timeout + c.request_timeout,
+            connect,
+            |e| self.map_err(e),
+        )
+        .await?;
         // The identity, before any node is touched; the client sends it again
         // after every reconnect.
         if let Some((user, password)) = &c.digest {
             let auth = format!("{user}:{password}");
-            match tokio::time::timeout(c.request_timeout, client.auth("digest", auth.as_bytes()))
-                .await
-            {
-                Ok(r) => r.map_err(|e| self.map_err(e))?,
-                Err(_) => return Err(self.timeout_error("the authentication")),
-            }
+            let authed = client.auth("digest", auth.as_bytes());
+            bounded("authenticating", c.request_timeout, authed, |e| {
+                self.map_err(e)
+            })
+            .await?;
         }
         // The chroot is created if missing, then every path is relative to it.
         if let Some(chroot) = &c.chroot {
             let persistent = CreateMode::Persistent.with_acls(self.parent_acls());
             let made = client.mkdir(chroot, &persistent);
-            match tokio::time::timeout(c.request_timeout, made).await {
-                Ok(Ok(())) | Ok(Err(ZkError::NodeExists)) => {}
-                Ok(Err(e)) => return Err(self.map_err(e)),
-                Err(_) => return Err(self.timeout_error("creating the chroot")),
+            match self.bounded("creating the chroot", made).await? {
+                Ok(()) | Err(ZkError::NodeExists) => {}
+                Err(e) => return Err(self.map_err(e)),
             }
             client = client.chroot(chroot.as_str()).map_err(|_| {
                 LeaseError::Config(format!("ZooKeeper chroot {chroot:?} is not a valid path"))
@@ -406,10 +396,9 @@ impl ZkProvider {
             (self.inner.ns_path.as_str(), self.acls()),
         ] {
             let created = client.create(path, b"", &CreateMode::Persistent.with_acls(acls));
-            match tokio::time::timeout(c.request_timeout, created).await {
-                Ok(Ok(_)) | Ok(Err(ZkError::NodeExists)) => {}
-                Ok(Err(e)) => return Err(self.map_err(e)),
-                Err(_) => return Err(self.timeout_error("creating the namespace node")),
+            match self.bounded("creating the namespace node", created).await? {
+                Ok(_) | Err(ZkError::NodeExists) => {}
+                Err(e) => return Err(self.map_err(e)),
             }
         }
         // The server clamps the session timeout to its [min, max]SessionTimeout:
@@ -441,16 +430,23 @@ impl ZkProvider {
             .unwrap_or(&self.inner.asked_caps)
     }
 
+    /// One request bounded by the request timeout. An error of reachability
+    /// becomes the `LeaseError`; any other ZooKeeper answer is the caller's to read.
     async fn bounded<T>(
         &self,
-        what: &str,
+        what: &'static str,
         f: impl std::future::Future<Output = Result<T, ZkError>>,
     ) -> Result<Result<T, ZkError>> {
-        match tokio::time::timeout(self.inner.config.request_timeout, f).await {
-            Ok(Err(e)) if unavailable(&e) => Err(self.map_err(e)),
-            Ok(r) => Ok(r),
-            Err(_) => Err(self.timeout_error(what)),
-        }
+        let answer = async {
+            match f.await {
+                Err(e) if unavailable(&e) => Err(e),
+                r => Ok(r),
+            }
+        };
+        bounded(what, self.inner.config.request_timeout, answer, |e| {
+            self.map_err(e)
+        })
+        .await
     }
 
     /// Deletes the znodes of every namespace whose name starts with `prefix`
