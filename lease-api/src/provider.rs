@@ -92,6 +92,27 @@ impl KeyWatch for SleepWatch {
     }
 }
 
+/// Stands in for a watch whose set-up failed for a reason that may pass (the
+/// notification connection was cut while subscribing): wakes after `cap` at
+/// most, so the next round sets the watch up again instead of sleeping
+/// through a release nobody could announce.
+struct RetryWatch {
+    cap: Duration,
+}
+
+#[async_trait]
+impl KeyWatch for RetryWatch {
+    async fn changed(&mut self, max: Duration) {
+        tokio::time::sleep(max.min(self.cap)).await;
+    }
+}
+
+/// The first retry after a watch failed transiently; doubled up to
+/// [`WATCH_RETRY_MAX`] while it keeps failing.
+const WATCH_RETRY_MIN: Duration = Duration::from_millis(100);
+/// The longest a waiter goes without trying to set its watch up again.
+const WATCH_RETRY_MAX: Duration = Duration::from_secs(2);
+
 /// A watch woken by a [`Notify`]: backends keep one `Notify` per watched key and
 /// call `notify_waiters` when a notification for that key arrives (or when their
 /// notification channel breaks, so waiters retry instead of missing a release).
@@ -239,8 +260,9 @@ where
     // `Duration::MAX` (or any wait past the far future) means "wait forever".
     let deadline = crate::deadline_in(wait);
     let mut backoff = Duration::from_millis(50);
+    let mut watch_retry = WATCH_RETRY_MIN;
     loop {
-        let error = match attempt(provider, key, ttl, wait.is_zero()).await {
+        let error = match attempt(provider, key, ttl, wait.is_zero(), &mut watch_retry).await {
             Ok((TryAcquire::Acquired(lease), _)) => return Ok(Some(lease)),
             Ok((TryAcquire::Held { remaining }, watch)) => {
                 backoff = Duration::from_millis(50);
@@ -276,6 +298,7 @@ async fn attempt<P>(
     key: &LeaseKey,
     ttl: Duration,
     no_wait: bool,
+    watch_retry: &mut Duration,
 ) -> Result<(TryAcquire, Option<Box<dyn KeyWatch>>)>
 where
     P: LeaseProvider + ?Sized + 'static,
@@ -283,12 +306,26 @@ where
     let watch = if no_wait {
         None
     } else {
-        // A watch that cannot be set up (a store blip, a user without pub/sub
-        // permission) must not block a free key: wait by the holder's TTL instead.
-        Some(provider.watch(key).await.unwrap_or_else(|e| {
-            tracing::debug!(key = %key, error = %e, "cannot watch the key; waiting by the holder's TTL instead");
-            Box::new(SleepWatch) as Box<dyn KeyWatch>
-        }))
+        // A watch that cannot be set up must not block a free key, so the try
+        // goes ahead. A transient failure (a connection cut while subscribing)
+        // is retried soon, with backoff; a lasting one (a user without pub/sub
+        // permission) waits by the holder's TTL.
+        Some(match provider.watch(key).await {
+            Ok(w) => {
+                *watch_retry = WATCH_RETRY_MIN;
+                w
+            }
+            Err(e) if e.is_transient() => {
+                tracing::debug!(key = %key, error = %e, retry = ?*watch_retry, "cannot watch the key now; trying again soon");
+                let w = RetryWatch { cap: *watch_retry };
+                *watch_retry = watch_retry.saturating_mul(2).min(WATCH_RETRY_MAX);
+                Box::new(w) as Box<dyn KeyWatch>
+            }
+            Err(e) => {
+                tracing::debug!(key = %key, error = %e, "cannot watch the key; waiting by the holder's TTL instead");
+                Box::new(SleepWatch)
+            }
+        })
     };
     Ok((cancel_safe_try_acquire(provider, key, ttl).await?, watch))
 }

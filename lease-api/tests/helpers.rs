@@ -18,6 +18,8 @@ struct FailingExtend {
     /// try_acquire: PASS, DOWN (Unavailable) or REFUSED (a permanent Backend error).
     acquire_mode: AtomicU8,
     watch_fails: AtomicBool,
+    /// The next watch fails (transiently), the ones after work.
+    watch_fails_once: AtomicBool,
 }
 
 const PASS: u8 = 0;
@@ -33,6 +35,7 @@ impl FailingExtend {
             mode: AtomicU8::new(PASS),
             acquire_mode: AtomicU8::new(PASS),
             watch_fails: AtomicBool::new(false),
+            watch_fails_once: AtomicBool::new(false),
         })
     }
 }
@@ -77,7 +80,9 @@ impl LeaseProvider for FailingExtend {
         self.inner.inspect(key).await
     }
     async fn watch(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {
-        if self.watch_fails.load(Ordering::SeqCst) {
+        if self.watch_fails.load(Ordering::SeqCst)
+            || self.watch_fails_once.swap(false, Ordering::SeqCst)
+        {
             return Err(injected_outage());
         }
         self.inner.watch(key).await
@@ -627,4 +632,40 @@ async fn acquire_gets_the_key_when_watching_fails() {
         "{:?}",
         started.elapsed()
     );
+}
+
+/// The watch's set-up fails once for a reason that passes (the subscriber's
+/// connection cut while it subscribed, as `CLIENT KILL` can do): the waiter
+/// sets the watch up again soon, so a release right after is seen instead of
+/// slept through until the holder's TTL.
+#[tokio::test(start_paused = true)]
+async fn waiter_sets_up_a_watch_again_after_a_transient_failure() {
+    let provider = FailingExtend::new();
+    let k = key("watch-blip");
+    let long = Duration::from_secs(60);
+    let held = provider
+        .try_acquire(&k, long)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    provider.watch_fails_once.store(true, Ordering::SeqCst);
+    let w: Arc<dyn LeaseProvider> = provider.clone();
+    let k2 = k.clone();
+    let waiter =
+        tokio::spawn(async move { acquire(&w, &k2, AcquireOptions::ttl(TTL).wait(long)).await });
+    sleep(Duration::from_millis(50)).await;
+    assert!(
+        !provider.watch_fails_once.load(Ordering::SeqCst),
+        "the waiter tried to watch"
+    );
+    let released = Instant::now();
+    provider.release(&held).await.unwrap();
+    let got = waiter.await.unwrap().unwrap().expect("acquired");
+    assert!(
+        released.elapsed() <= Duration::from_millis(500),
+        "the waiter took {:?} after the release (holder's TTL {long:?})",
+        released.elapsed()
+    );
+    assert!(got.token() > held.token());
 }

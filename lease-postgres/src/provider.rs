@@ -2,6 +2,7 @@
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+use tokio_util::task::AbortOnDropHandle;
 
 use async_trait::async_trait;
 use lease_api::backend::{ProbedCapabilities, WatchHub};
@@ -13,7 +14,6 @@ use lease_api::{
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::{Postgres, Row, Transaction};
 use tokio::sync::OnceCell;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::sql::{Statements, payload, validate_identifier};
@@ -90,14 +90,10 @@ impl PostgresConfig {
     }
 }
 
+/// The LISTEN task; dropping it (a new listener, the last provider clone)
+/// stops the task.
 struct Listener {
-    task: JoinHandle<()>,
-}
-
-impl Drop for Listener {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+    task: AbortOnDropHandle<()>,
 }
 
 struct Inner {
@@ -514,7 +510,9 @@ impl PostgresProvider {
                 }
             }
         });
-        *slot = Some(Listener { task });
+        *slot = Some(Listener {
+            task: AbortOnDropHandle::new(task),
+        });
         Ok(())
     }
 }
@@ -659,11 +657,13 @@ impl LeaseProvider for PostgresProvider {
     }
 
     async fn watch(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {
+        // Registered before the listener is checked: a listener that dies in
+        // between wakes this watch too.
+        let watch = self
+            .inner
+            .hub
+            .watch(&payload(&self.inner.namespace, key.as_str()));
         self.ensure_listener().await?;
-        Ok(Box::new(
-            self.inner
-                .hub
-                .watch(&payload(&self.inner.namespace, key.as_str())),
-        ))
+        Ok(Box::new(watch))
     }
 }

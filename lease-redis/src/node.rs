@@ -9,20 +9,14 @@ use lease_api::backend::WatchHub;
 use lease_api::{LeaseError, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{FromRedisValue, RedisError, Script};
-use tokio::task::JoinHandle;
 
 struct Subscription {
-    task: JoinHandle<()>,
+    /// Stopped when the subscription is dropped (replaced, or the provider gone).
+    task: tokio_util::task::AbortOnDropHandle<()>,
     /// Cleared by the task when its connection broke, before it wakes the
     /// waiters: a waiter that wakes and re-subscribes must see it gone, while
     /// the task itself has not finished yet.
     alive: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl Drop for Subscription {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
 }
 
 /// How long a timed-out acquire is cancelled for in the background: a server
@@ -408,7 +402,10 @@ impl Node {
             flag.store(false, std::sync::atomic::Ordering::SeqCst);
             hub.wake_all();
         });
-        *slot = Some(Subscription { task, alive });
+        *slot = Some(Subscription {
+            task: tokio_util::task::AbortOnDropHandle::new(task),
+            alive,
+        });
         Ok(())
     }
 }

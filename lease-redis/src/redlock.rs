@@ -690,6 +690,8 @@ impl LeaseProvider for RedlockProvider {
     }
 
     async fn watch(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {
+        // Registered before the subscribers are checked (see RedisProvider::watch).
+        let watch = self.inner.hub.watch(key.as_str());
         let subscribed = join_all(
             self.inner
                 .nodes
@@ -701,6 +703,6 @@ impl LeaseProvider for RedlockProvider {
         if ok.is_empty() {
             return Err(self.unavailable(errors.into_iter().filter_map(Result::err).collect()));
         }
-        Ok(Box::new(self.inner.hub.watch(key.as_str())))
+        Ok(Box::new(watch))
     }
 }

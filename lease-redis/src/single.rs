@@ -465,10 +465,13 @@ impl LeaseProvider for RedisProvider {
     }
 
     async fn watch(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {
+        // Registered first: a subscriber that dies while we check it wakes
+        // this watch too, instead of nobody.
+        let watch = self.inner.hub.watch(key.as_str());
         self.inner
             .node
             .subscribe(&self.inner.channel, &self.inner.hub)
             .await?;
-        Ok(Box::new(self.inner.hub.watch(key.as_str())))
+        Ok(Box::new(watch))
     }
 }
