@@ -41,30 +41,27 @@ pub fn free_port() -> u16 {
     l.local_addr().expect("local address").port()
 }
 
-/// A fresh temporary directory, removed when the owner drops it.
+/// A fresh temporary directory (`tempfile`'s), removed when the owner drops it.
 #[derive(Debug)]
-pub struct TempDir(PathBuf);
+pub struct TempDir(tempfile::TempDir);
 
 impl TempDir {
-    /// Creates it.
+    /// Creates it, its name starting with `prefix`.
     ///
     /// # Panics
     /// If the directory cannot be created.
     pub fn new(prefix: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("{prefix}-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir_all(&p).expect("create temp dir");
-        TempDir(p)
+        TempDir(
+            tempfile::Builder::new()
+                .prefix(&format!("{prefix}-"))
+                .tempdir()
+                .expect("create temp dir"),
+        )
     }
 
     /// Its path.
     pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        self.0.path()
     }
 }
 
