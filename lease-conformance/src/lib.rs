@@ -165,16 +165,6 @@ impl Ctx {
     }
 }
 
-/// Fails the case with a message unless the condition holds.
-#[macro_export]
-macro_rules! check {
-    ($cond:expr, $($msg:tt)+) => {
-        if !$cond {
-            return Err($crate::CaseError(format!("{} (at {}:{})", format!($($msg)+), file!(), line!())));
-        }
-    };
-}
-
 /// One case's outcome in a [`Report`].
 #[derive(Debug, Clone)]
 pub struct CaseReport {
@@ -270,17 +260,6 @@ pub async fn __run_test<F: ProviderFactory>(factory: F, name: &str) {
     }
 }
 
-/// For the [`conformance_tests!`] macro: the macro's case list must be [`CASES`].
-#[doc(hidden)]
-pub fn __check_case_list(names: &[&str]) {
-    let expected: Vec<&str> = CASES.iter().map(|c| c.name).collect();
-    assert_eq!(
-        names,
-        expected.as_slice(),
-        "conformance_tests! and CASES list different cases"
-    );
-}
-
 /// Expands to `mod $module` with one `#[tokio::test]` per conformance case.
 ///
 /// `$factory` is an expression evaluated inside each test (names in the calling
@@ -288,68 +267,77 @@ pub fn __check_case_list(names: &[&str]) {
 #[macro_export]
 macro_rules! conformance_tests {
     ($module:ident, $factory:expr) => {
-        $crate::__conformance_module!(
-            $module,
-            $factory,
-            [
-                acquire_free_key,
-                held_key_refuses_second_acquirer,
-                concurrent_acquirers_exactly_one_wins,
-                concurrent_takeover_of_expired_lease_has_one_winner,
-                release_frees_key_at_once,
-                double_release_is_not_held,
-                release_of_expired_lease_is_not_held,
-                stale_release_after_takeover_keeps_new_holder,
-                forged_owner_touches_nothing,
-                extend_pushes_expiry_past_original_ttl,
-                extend_after_expiry_fails,
-                stale_extend_after_takeover_fails,
-                expired_lease_is_taken_over_in_time,
-                tokens_increase_after_release,
-                tokens_increase_on_takeover,
-                tokens_increase_across_instances,
-                extend_keeps_token,
-                keys_are_independent,
-                namespaces_are_isolated,
-                unusual_keys_work_and_stay_distinct,
-                unusual_namespaces_work_and_stay_distinct,
-                invalid_keys_are_rejected,
-                invalid_ttls_are_rejected,
-                granted_ttl_follows_capabilities,
-                inspect_reports_holder_and_free_key,
-                holder_label_is_recorded_and_kept_by_extend,
-                waiter_wakes_promptly_on_release,
-                waiter_times_out_while_held,
-                waiter_gets_key_after_crashed_holder_expires,
-                dropped_wait_leaks_no_lease,
-                waiter_gets_free_key_when_watch_fails,
-                waiter_store_calls_are_bounded,
-                guard_renews_past_several_ttls,
-                guard_fires_lost_signal_by_local_validity,
-                min_hold_keeps_key_after_a_short_job,
-                local_validity_never_exceeds_sent_plus_ttl,
-                fence_gate_rejects_older_holder,
-                unreachable_store_is_unavailable,
-            ]
-        );
+        $crate::__case_list!(tests $module, $factory);
+    };
+}
+
+/// The one list of cases: name, clause, what it proves. `static` expands it to
+/// [`CASES`]; `tests` to the test module of [`conformance_tests!`].
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __case_list {
+    ($($mode:tt)*) => {
+        $crate::__case_expand! {
+            [$($mode)*]
+            acquire_free_key, "C2", "a free key is acquired with the granted TTL, a token and a fresh owner id";
+            held_key_refuses_second_acquirer, "C2", "a held key refuses a second acquirer, from another provider and from the same one";
+            concurrent_acquirers_exactly_one_wins, "C2", "16 contenders on their own providers, 20 rounds: exactly one wins each round";
+            concurrent_takeover_of_expired_lease_has_one_winner, "C2", "16 contenders on an expired lease, 3 rounds: exactly one takes it over each round";
+            release_frees_key_at_once, "C7", "after release another provider acquires at once";
+            double_release_is_not_held, "C7", "a second release of the same lease is NotHeld";
+            release_of_expired_lease_is_not_held, "C7", "releasing a lease that expired, with nobody taking the key, is NotHeld and leaves the key free";
+            stale_release_after_takeover_keeps_new_holder, "C5", "a stale release after expiry and takeover is NotHeld and the new holder keeps its lease";
+            forged_owner_touches_nothing, "C5", "a lease with the holder's token but another owner id cannot extend or release; one rebuilt with the right owner and token (another holder label) can";
+            extend_pushes_expiry_past_original_ttl, "C6", "extend pushes expiry to store-now + ttl, past the original TTL";
+            extend_after_expiry_fails, "C6", "extending an expired lease is Lost even if nobody took the key";
+            stale_extend_after_takeover_fails, "C5", "a stale extend after takeover is Lost and leaves the new holder alone";
+            expired_lease_is_taken_over_in_time, "C4", "an unrenewed lease is held until its TTL and free within TTL + declared slack";
+            tokens_increase_after_release, "C8", "tokens strictly increase on re-acquire after release";
+            tokens_increase_on_takeover, "C8", "tokens strictly increase on takeover after expiry";
+            tokens_increase_across_instances, "C8", "tokens strictly increase across provider instances";
+            extend_keeps_token, "C6", "extend keeps the token and the owner";
+            keys_are_independent, "C1", "leases on different keys, including prefixes of each other, are independent";
+            namespaces_are_isolated, "C1", "providers in different namespaces never see each other's leases";
+            unusual_keys_work_and_stay_distinct, "C1", "slashes, dots, glob and brace characters, quotes, whitespace, emoji, 512-byte keys and escaping look-alikes are distinct keys";
+            unusual_namespaces_work_and_stay_distinct, "C1", "namespaces with /, %, |, spaces and unicode are isolated, also from keys that spell the same path";
+            invalid_keys_are_rejected, "C1", "empty, over-long and NUL keys are InvalidKey";
+            invalid_ttls_are_rejected, "C3", "zero, below-minimum and above-maximum TTLs are InvalidTtl and change nothing";
+            granted_ttl_follows_capabilities, "C3", "the granted TTL is the request rounded up to the declared granularity";
+            inspect_reports_holder_and_free_key, "C13", "inspect reports the holder's token and remaining TTL, and nothing for a free key";
+            holder_label_is_recorded_and_kept_by_extend, "C13", "inspect shows the holder label the lease recorded (this process's user@host:pid), also after extends with the same and another TTL";
+            waiter_wakes_promptly_on_release, "C9", "a waiter gets the key promptly after release, long before the holder's TTL";
+            waiter_times_out_while_held, "C9", "a waiter gives up when its wait runs out while the key stays held";
+            waiter_gets_key_after_crashed_holder_expires, "C9", "a waiter gets the key once a crashed holder's lease expires";
+            dropped_wait_leaks_no_lease, "C9", "acquires dropped at any point leave no lease behind";
+            waiter_gets_free_key_when_watch_fails, "C9", "a waiter whose watch cannot be set up gets a free key at once, and a held one when it expires";
+            waiter_store_calls_are_bounded, "C9", "a waiter makes few store calls while a key is held, also in the holder's last second";
+            guard_renews_past_several_ttls, "C11", "a guard keeps its lease across several TTLs";
+            guard_fires_lost_signal_by_local_validity, "C11", "a cut-off holder's guard fires lost before local validity ends, and the key is then taken over";
+            min_hold_keeps_key_after_a_short_job, "C11", "run_with_lease's minimum hold keeps the key from others until it ends, also where leases end with the session";
+            local_validity_never_exceeds_sent_plus_ttl, "C10", "local validity is before send time + granted TTL and before the store's expiry";
+            fence_gate_rejects_older_holder, "C12", "the fence gate admits the newer holder and rejects the older one's late write";
+            unreachable_store_is_unavailable, "C14", "a store that is down gives Unavailable within the provider's timeout";
+        }
     };
 }
 
 #[doc(hidden)]
 #[macro_export]
-macro_rules! __conformance_module {
-    ($module:ident, $factory:expr, [$($case:ident),* $(,)?]) => {
+macro_rules! __case_expand {
+    ([static] $($name:ident, $clause:literal, $about:literal;)*) => {
+        /// Every case of the suite, in the order of the contract.
+        pub static CASES: &[$crate::Case] = &[
+            $($crate::Case { name: stringify!($name), clause: $clause, about: $about, run: |ctx| Box::pin($name(ctx)) },)*
+        ];
+    };
+    ([tests $module:ident, $factory:expr] $($name:ident, $clause:literal, $about:literal;)*) => {
         mod $module {
             #[allow(unused_imports)]
             use super::*;
-            #[test]
-            fn every_case_has_a_test() {
-                $crate::__check_case_list(&[$(stringify!($case)),*]);
-            }
             $(
                 #[$crate::__tokio::test(flavor = "multi_thread", worker_threads = 2, crate = "lease_conformance::__tokio")]
-                async fn $case() {
-                    $crate::__run_test($factory, stringify!($case)).await;
+                async fn $name() {
+                    $crate::__run_test($factory, stringify!($name)).await;
                 }
             )*
         }
