@@ -36,7 +36,7 @@ pub async fn bounded<T, E>(
 /// server that refused our client certificate. Clients often keep rustls's
 /// error behind a type-erased wrapper, so this reads rustls's own wording
 /// along the `source()` chain. Such a failure is a matter of configuration
-/// ([`LeaseError::Denied`](crate::LeaseError::Denied)), not of reachability.
+/// ([`LeaseError::Denied`]), not of reachability.
 pub fn is_tls_refusal(e: &(dyn std::error::Error + 'static)) -> bool {
     const MARKS: [&str; 5] = [
         "invalid peer certificate",

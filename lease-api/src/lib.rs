@@ -7,7 +7,7 @@
 //! works over any backend:
 //!
 //! - [`LeaseKey`], [`FencingToken`], [`Lease`], [`Capabilities`], [`LeaseError`]:
-//!   the vocabulary of the contract (clauses C1..C15 in `ARCHITECTURE.md`).
+//!   the vocabulary of the contract (clauses C1..C15, [below](#the-contract)).
 //! - [`LeaseProvider`]: the object-safe trait a backend implements; one atomic
 //!   store step per method.
 //! - [`acquire`]: wait for a key with a time limit, woken by the store's
@@ -47,6 +47,49 @@
 //! guard.release().await?;
 //! # Ok(()) }
 //! ```
+//!
+//! # The contract
+//!
+//! Every provider keeps these clauses; `lease-conformance` has a named case for
+//! each, and runs against every backend.
+//!
+//! - **C1 keys and namespaces.** A key is 1 to [`MAX_KEY_BYTES`] bytes without
+//!   NUL; any other byte is allowed and distinct. Providers in different
+//!   namespaces never see each other's keys.
+//! - **C2 atomic acquire.** [`LeaseProvider::try_acquire`] takes a free or
+//!   expired key in one atomic store step: of concurrent contenders exactly one wins.
+//! - **C3 TTL limits.** A zero TTL, or one outside the provider's declared
+//!   limits, is [`LeaseError::InvalidTtl`] and changes nothing; a granted TTL is
+//!   rounded up to the declared granularity.
+//! - **C4 expiry on the store's clock.** An unrenewed lease stays held until
+//!   its TTL and is free within TTL + the declared `expiry_slack`, as the store's
+//!   clock (declared in [`ExpiryClock`]) counts, never the client's.
+//! - **C5 owners.** Every lease has a fresh random 128-bit [`OwnerId`]; extend
+//!   and release act only when both owner and token match, so a stale or forged
+//!   lease never touches the next holder's.
+//! - **C6 extend.** Pushes expiry to store-now + TTL and keeps the token; a
+//!   lease no longer held is [`LeaseError::Lost`], even if nobody took the key.
+//! - **C7 release.** Frees the key at once and wakes waiters; a lease not held
+//!   is [`LeaseError::NotHeld`] and the current holder is untouched.
+//! - **C8 fencing tokens.** Every acquisition of a key gets a strictly larger
+//!   [`FencingToken`], across releases, expiries and provider instances.
+//! - **C9 waiting.** [`acquire`] waits on the store's notifications (the watch
+//!   is registered before the try), retries by the holder's TTL when a
+//!   notification is lost, and leaks no lease when its future is dropped.
+//! - **C10 local validity.** [`Lease::valid_until`] is never later than the
+//!   send time of the request plus the granted TTL.
+//! - **C11 the guard.** [`LeaseGuard`] renews in the background and fires its
+//!   lost signal before local validity ends; [`run_with_lease`] cancels the job
+//!   then, and keeps an optional minimum hold.
+//! - **C12 fencing at the resource.** [`FenceGate`] refuses a write whose token
+//!   is older than one it has seen.
+//! - **C13 inspect.** [`LeaseProvider::inspect`] reports the holder's token,
+//!   remaining TTL, owner and label, and changes nothing.
+//! - **C14 errors.** Every failure is a [`LeaseError`]; only `Unavailable` and
+//!   `Timeout` are transient.
+//! - **C15 capabilities.** [`Capabilities`] declare what differs between stores
+//!   (TTL limits, slack, clocks, durability, notifications, sessions), probed
+//!   from the live server where it can tell.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

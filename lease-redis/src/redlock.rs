@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use crate::keys::{cancel_key, encode, redis_keys, release_channel};
 use crate::node::{Node, Timeouts};
-use crate::scripts::{ACQUIRE, EXTEND, INSPECT, RAISE, RELEASE};
+use crate::scripts::{ACQUIRE, EXTEND, INSPECT, RAISE, RELEASE, held_by};
 use crate::single::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT, base_capabilities, check_eviction, millis,
     parse_value,
@@ -579,10 +579,10 @@ impl LeaseProvider for RedlockProvider {
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
         let ttl = self.inner.caps.grant_ttl(ttl)?;
         let (lease_key, _) = self.keys(lease.key());
-        let owner_hex = lease.owner().to_hex();
+        let held = held_by(lease);
         let ttl_ms = millis(ttl).to_string();
         let keys = [lease_key.as_str()];
-        let args = [owner_hex.as_str(), ttl_ms.as_str()];
+        let args = [held.as_str(), ttl_ms.as_str()];
         let sent_at = Instant::now();
         let limit = self.node_timeout(ttl);
         let Vote { yes, errors, .. } = self
@@ -602,9 +602,10 @@ impl LeaseProvider for RedlockProvider {
     async fn release(&self, lease: &Lease) -> Result<()> {
         let (lease_key, _) = self.keys(lease.key());
         let owner = lease.owner().to_hex();
+        let held = held_by(lease);
         let keys = [lease_key.as_str()];
         let args = [
-            owner.as_str(),
+            held.as_str(),
             self.inner.channel.as_str(),
             lease.key().as_str(),
         ];

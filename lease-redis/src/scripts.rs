@@ -29,12 +29,22 @@ return {1, token, ''}
     )
 });
 
-/// KEYS: lease. ARGV: owner, ttl ms. Returns 1 if extended.
+/// What extend and release compare the stored value with: the lease's owner
+/// and token, `<owner hex>:<token>`. The value (`<owner>:<token>:<label>`, or
+/// `<owner>:<token>` before labels) must start with it up to a `:` or equal
+/// it, so a stale or forged lease with either part wrong touches nothing.
+pub(crate) fn held_by(lease: &lease_api::Lease) -> String {
+    format!("{}:{}", lease.owner().to_hex(), lease.token())
+}
+
+/// KEYS: lease. ARGV: `<owner>:<token>` (see [`held_by`]), ttl ms. Returns 1
+/// if extended.
 pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local v = redis.call('GET', KEYS[1])
-if v and string.sub(v, 1, 33) == ARGV[1] .. ':' then
+local p = ARGV[1]
+if v and (v == p or string.sub(v, 1, #p + 1) == p .. ':') then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 end
@@ -43,14 +53,17 @@ return 0
     )
 });
 
-/// KEYS: lease. ARGV: owner, channel, key. Deletes and announces; 1 if released.
+/// KEYS: lease. ARGV: `<owner>:<token>` (see [`held_by`]), or the owner alone
+/// to undo an acquire whose token is not known; channel; key. Deletes and
+/// announces; 1 if released.
 /// The announcement cannot fail the release (a user without channel
 /// permissions): waiters then wake by the TTL fallback.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local v = redis.call('GET', KEYS[1])
-if v and string.sub(v, 1, 33) == ARGV[1] .. ':' then
+local p = ARGV[1]
+if v and (v == p or string.sub(v, 1, #p + 1) == p .. ':') then
   redis.call('DEL', KEYS[1])
   pcall(redis.call, 'PUBLISH', ARGV[2], ARGV[3])
   return 1

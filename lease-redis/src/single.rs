@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use crate::keys::{cancel_key, encode, redis_keys, release_channel};
 use crate::node::{Node, Timeouts};
-use crate::scripts::{ACQUIRE, EXTEND, INSPECT, RELEASE};
+use crate::scripts::{ACQUIRE, EXTEND, INSPECT, RELEASE, held_by};
 
 /// The default connect timeout.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -398,7 +398,7 @@ impl LeaseProvider for RedisProvider {
             .eval(
                 &EXTEND,
                 &[&lease_key],
-                &[&lease.owner().to_hex(), &millis(ttl).to_string()],
+                &[&held_by(lease), &millis(ttl).to_string()],
             )
             .await?;
         if done == 1 {
@@ -416,11 +416,7 @@ impl LeaseProvider for RedisProvider {
             .eval(
                 &RELEASE,
                 &[&lease_key],
-                &[
-                    &lease.owner().to_hex(),
-                    &self.inner.channel,
-                    lease.key().as_str(),
-                ],
+                &[&held_by(lease), &self.inner.channel, lease.key().as_str()],
             )
             .await?;
         if done == 1 {

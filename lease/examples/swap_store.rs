@@ -61,15 +61,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         None => StoreConfig::new("memory://"),
     };
     let provider = config.build()?;
-    let caps = provider.capabilities();
     println!(
-        "store {} ({}), namespace {:?}, tokens durable: {}",
-        config.store,
-        caps.backend,
+        "store {} ({}), namespace {:?}",
+        lease::redact(&config.store),
+        provider.capabilities().backend,
         config.namespace,
-        caps.durable_tokens.is_durable()
     );
-    let ttl = caps.practical_ttl(config.default_ttl);
+    let ttl = provider.capabilities().practical_ttl(config.default_ttl);
     let done = Arc::new(Mutex::new(Vec::new()));
     let workers: Vec<_> = ["ana", "ben", "cy"]
         .into_iter()
@@ -87,5 +85,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let done = done.lock().unwrap_or_else(|e| e.into_inner());
     println!("done: {}", done.join("; "));
+    // Durability is probed from the server on first use (Redis AOF settings,
+    // PostgreSQL fsync), so it is read after the work, not before.
+    let durable = match &provider.capabilities().durable_tokens {
+        lease::TokenDurability::Durable(why) => format!("yes ({why})"),
+        lease::TokenDurability::Volatile(why) => format!("no ({why})"),
+        lease::TokenDurability::Unknown(why) => format!("unknown ({why})"),
+        _ => "not declared".to_string(),
+    };
+    println!("tokens survive a store restart: {durable}");
     Ok(())
 }

@@ -83,19 +83,27 @@ pub(super) async fn forged_owner_touches_nothing(ctx: Ctx) -> CaseResult {
     let key = ctx.key("forged-owner")?;
     let ttl = long_ttl(&*p);
     let l = must_acquire(&*p, &key, ttl).await?;
-    let rebuilt = |owner: lease_api::OwnerId| {
-        lease_api::Lease::new(key.clone(), l.token(), owner, ttl, Instant::now())
+    let rebuilt_with = |owner: lease_api::OwnerId, token: lease_api::FencingToken| {
+        lease_api::Lease::new(key.clone(), token, owner, ttl, Instant::now())
             .with_handle(l.handle())
             .with_holder(Arc::from("somebody else@elsewhere:1"))
     };
-    let forged = rebuilt(lease_api::OwnerId::random());
-    match p.extend(&forged, ttl).await {
-        Err(LeaseError::Lost { .. }) => {}
-        other => return Err(CaseError(format!("forged extend: {other:?}"))),
-    }
-    match p.release(&forged).await {
-        Err(LeaseError::NotHeld { .. }) => {}
-        other => return Err(CaseError(format!("forged release: {other:?}"))),
+    let rebuilt = |owner: lease_api::OwnerId| rebuilt_with(owner, l.token());
+    // Another owner with the holder's token, and the holder's owner with
+    // another token: every mutating step compares both (C5).
+    let wrong_token = lease_api::FencingToken(l.token().get().wrapping_add(1));
+    for (what, forged) in [
+        ("another owner", rebuilt(lease_api::OwnerId::random())),
+        ("another token", rebuilt_with(l.owner(), wrong_token)),
+    ] {
+        match p.extend(&forged, ttl).await {
+            Err(LeaseError::Lost { .. }) => {}
+            other => return Err(CaseError(format!("extend with {what}: {other:?}"))),
+        }
+        match p.release(&forged).await {
+            Err(LeaseError::NotHeld { .. }) => {}
+            other => return Err(CaseError(format!("release with {what}: {other:?}"))),
+        }
     }
     let info = p.inspect(&key).await?;
     check!(
