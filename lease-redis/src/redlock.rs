@@ -132,6 +132,8 @@ struct Vote {
     yes: usize,
     /// Which nodes answered (yes or no) before the vote closed.
     answered: Vec<bool>,
+    /// Which nodes said yes.
+    said_yes: Vec<bool>,
     errors: Vec<LeaseError>,
 }
 
@@ -284,6 +286,7 @@ impl RedlockProvider {
         let mut vote = Vote {
             yes: 0,
             answered: vec![false; self.inner.nodes.len()],
+            said_yes: vec![false; self.inner.nodes.len()],
             errors: Vec::new(),
         };
         // Close early only on a decided outcome: a majority said yes, or a
@@ -297,6 +300,7 @@ impl RedlockProvider {
                     vote.answered[i] = true;
                     if answer == 1 {
                         vote.yes += 1;
+                        vote.said_yes[i] = true;
                     } else {
                         no += 1;
                     }
@@ -613,13 +617,20 @@ impl LeaseProvider for RedlockProvider {
         let Vote {
             yes,
             answered,
+            said_yes,
             errors,
         } = self
             .vote(limit, |n| n.eval::<i64>(&RELEASE, &keys, &args))
             .await;
         // A node that did not answer may hold our lease later (an acquire
-        // queued in a frozen node): cancel there in the background.
-        for (i, _) in answered.iter().enumerate().filter(|(_, a)| !**a) {
+        // queued in a frozen node): cancel there in the background. Once a
+        // majority released owner and token, the lease was ours: a node that
+        // said no may still hold a copy with its own token (its acquire
+        // answered after the round closed, so the raise never reached it),
+        // and is cancelled by owner too, instead of blocking the key to its TTL.
+        let released = yes >= self.inner.quorum;
+        let leftover = |i: usize| !answered[i] || (released && !said_yes[i]);
+        for i in (0..answered.len()).filter(|i| leftover(*i)) {
             self.cancel_on(
                 i,
                 lease_key.clone(),
