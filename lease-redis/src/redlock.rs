@@ -341,7 +341,8 @@ impl RedlockProvider {
     }
 
     /// Cancels `owner_hex`'s acquire on node `i` in the background (see
-    /// `Node::cancel_until_done`).
+    /// `Node::cancel_until_done`), announcing a deleted lease on `channel`
+    /// (empty: no announcement).
     fn cancel_on(
         &self,
         i: usize,
@@ -349,12 +350,14 @@ impl RedlockProvider {
         owner_hex: String,
         ttl: Duration,
         key: &LeaseKey,
+        channel: &str,
     ) {
         let inner = Arc::clone(&self.inner);
         let key = key.as_str().to_owned();
+        let channel = channel.to_owned();
         self.inner.cleanups.spawn(async move {
             inner.nodes[i]
-                .cancel_until_done(&lease_key, &owner_hex, ttl, &inner.channel, &key)
+                .cancel_until_done(&lease_key, &owner_hex, ttl, &channel, &key)
                 .await;
         });
     }
@@ -453,15 +456,40 @@ impl RedlockProvider {
                 return Ok(Round::Won(lease));
             }
         }
+        let mut remaining: Option<Duration> = None;
+        let mut holders: Vec<String> = Vec::new();
+        for r in replies.iter().flatten() {
+            match r {
+                Reply::Down(_) => {}
+                Reply::No(pttl, holder) => {
+                    let pttl = *pttl;
+                    if pttl >= 0 {
+                        let d = Duration::from_millis(pttl.unsigned_abs());
+                        remaining = Some(remaining.map_or(d, |r| r.min(d)));
+                    }
+                    holders.push(holder.split(':').next().unwrap_or_default().to_owned());
+                }
+                Reply::Yes(_) => {}
+            }
+        }
+        let someone_has_majority = holders
+            .iter()
+            .any(|h| holders.iter().filter(|o| *o == h).count() >= quorum);
         // Lost the race, or too slow: undo everywhere but where a node said
         // no. Nodes that have not answered may still grant (a frozen node runs
         // its queue when it thaws), so each gets a cancel that also refuses a
         // late acquire; in the background, so the caller does not wait for them.
-        let release_args = [
-            owner_hex.as_str(),
-            self.inner.channel.as_str(),
-            key.as_str(),
-        ];
+        // Our copies under another owner's majority free nothing: undo them
+        // without an announcement, or our own subscriber would wake us to
+        // lose the same round again, over and over, until that lease ends.
+        // After a split or a too-slow win the undo may free the key for the
+        // other contenders, so it is announced.
+        let channel = if someone_has_majority {
+            ""
+        } else {
+            self.inner.channel.as_str()
+        };
+        let release_args = [owner_hex.as_str(), channel, key.as_str()];
         let release_keys = [lease_key.as_str()];
         let mut undo = Vec::new();
         for (i, r) in replies.iter().enumerate() {
@@ -479,36 +507,25 @@ impl RedlockProvider {
                     .await;
                     (i, released.is_ok())
                 }),
-                _ => self.cancel_on(i, lease_key.clone(), owner_hex.clone(), ttl, key),
+                _ => self.cancel_on(i, lease_key.clone(), owner_hex.clone(), ttl, key, channel),
             }
         }
         for (i, released) in join_all(undo).await {
             if !released {
-                self.cancel_on(i, lease_key.clone(), owner_hex.clone(), ttl, key);
+                self.cancel_on(i, lease_key.clone(), owner_hex.clone(), ttl, key, channel);
             }
         }
-        let mut down = Vec::new();
-        let mut remaining: Option<Duration> = None;
-        let mut holders: Vec<String> = Vec::new();
-        for r in replies.into_iter().flatten() {
-            match r {
-                Reply::Down(e) => down.push(e),
-                Reply::No(pttl, holder) => {
-                    if pttl >= 0 {
-                        let d = Duration::from_millis(pttl.unsigned_abs());
-                        remaining = Some(remaining.map_or(d, |r| r.min(d)));
-                    }
-                    holders.push(holder.split(':').next().unwrap_or_default().to_owned());
-                }
-                Reply::Yes(_) => {}
-            }
-        }
+        let down: Vec<LeaseError> = replies
+            .into_iter()
+            .flatten()
+            .filter_map(|r| match r {
+                Reply::Down(e) => Some(e),
+                _ => None,
+            })
+            .collect();
         if down.len() > n - quorum {
             return Err(self.unavailable(down));
         }
-        let someone_has_majority = holders
-            .iter()
-            .any(|h| holders.iter().filter(|o| *o == h).count() >= quorum);
         if someone_has_majority {
             Ok(Round::Held { remaining })
         } else {
@@ -637,6 +654,7 @@ impl LeaseProvider for RedlockProvider {
                 owner.clone(),
                 lease.ttl(),
                 lease.key(),
+                &self.inner.channel,
             );
         }
         if yes >= self.inner.quorum {

@@ -54,8 +54,8 @@ return 0
 });
 
 /// KEYS: lease. ARGV: `<owner>:<token>` (see [`held_by`]), or the owner alone
-/// to undo an acquire whose token is not known; channel; key. Deletes and
-/// announces; 1 if released.
+/// to undo an acquire whose token is not known; channel (empty: no
+/// announcement); key. Deletes and announces; 1 if released.
 /// The announcement cannot fail the release (a user without channel
 /// permissions): waiters then wake by the TTL fallback.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
@@ -65,7 +65,9 @@ local v = redis.call('GET', KEYS[1])
 local p = ARGV[1]
 if v and (v == p or string.sub(v, 1, #p + 1) == p .. ':') then
   redis.call('DEL', KEYS[1])
-  pcall(redis.call, 'PUBLISH', ARGV[2], ARGV[3])
+  if ARGV[2] ~= '' then
+    pcall(redis.call, 'PUBLISH', ARGV[2], ARGV[3])
+  end
   return 1
 end
 return 0
@@ -85,7 +87,9 @@ redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
 local v = redis.call('GET', KEYS[1])
 if v and string.sub(v, 1, 33) == ARGV[1] .. ':' then
   redis.call('DEL', KEYS[1])
-  pcall(redis.call, 'PUBLISH', ARGV[3], ARGV[4])
+  if ARGV[3] ~= '' then
+    pcall(redis.call, 'PUBLISH', ARGV[3], ARGV[4])
+  end
   return 1
 end
 return 0

@@ -716,3 +716,50 @@ async fn tls_with_an_acl_user_works_and_refusals_are_denied() {
         lease_testkit::assert_denied(what, &make(url), &k, "pw", Duration::from_secs(3)).await;
     }
 }
+
+/// A key held by another owner on a majority, with the third node free: each
+/// round the waiter wins the free node and undoes it. That undo frees nothing
+/// and must not be announced, or the waiter's own subscriber wakes it to lose
+/// the same round again, a store call every half millisecond until the
+/// holder's lease ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_waiter_does_not_wake_itself_undoing_a_minority_copy() {
+    let (a, b, c) = (owned_redis(false), owned_redis(false), owned_redis(false));
+    let ns = unique("self-wake");
+    let with = |urls: Vec<String>| {
+        RedlockProvider::new(
+            RedlockConfig::new(urls)
+                .namespace(&ns)
+                .timeouts(TIMEOUT, TIMEOUT),
+        )
+        .unwrap()
+    };
+    // The holder's lease sits on a and b only: its third node is a closed port.
+    let holder = with(vec![url(&a), url(&b), "redis://127.0.0.1:1".into()]);
+    let ttl = Duration::from_millis(1500);
+    let k = key("minority-free");
+    let _held = until_ok(|| holder.try_acquire(&k, ttl))
+        .await
+        .into_lease()
+        .expect("acquired on a and b");
+    let waiter =
+        lease_conformance::Instrumented::new(Arc::new(with(vec![url(&a), url(&b), url(&c)])));
+    let w: Arc<dyn LeaseProvider> = waiter.clone();
+    let started = Instant::now();
+    let got = acquire(
+        &w,
+        &k,
+        AcquireOptions::ttl(ttl).wait(Duration::from_secs(6)),
+    )
+    .await
+    .unwrap()
+    .expect("acquired once the holder's lease ended");
+    let secs = started.elapsed().as_secs_f64();
+    let calls = waiter.try_acquires();
+    let bound = 6 + (secs * 4.0) as u64;
+    assert!(
+        calls <= bound,
+        "{calls} try_acquire calls in {secs:.2} s while a majority held the key (bound {bound})"
+    );
+    w.release(&got).await.unwrap();
+}
