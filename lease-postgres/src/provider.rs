@@ -130,6 +130,9 @@ impl std::fmt::Debug for PostgresProvider {
     }
 }
 
+/// A pooled connection idle this long is pinged before it is used again.
+const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
+
 /// How long the LISTEN connection may stay quiet before it is checked with a
 /// query: a connection whose peer vanished without a reset would otherwise
 /// miss every release until the process restarts.
@@ -195,7 +198,20 @@ impl PostgresProvider {
         let pool_options = PgPoolOptions::new()
             .max_connections(config.max_connections)
             .min_connections(0)
-            .acquire_timeout(config.connect_timeout);
+            .acquire_timeout(config.connect_timeout)
+            // sqlx pings every connection it hands out: a round trip before
+            // every statement. Only a connection that sat idle can have been
+            // cut (a server restart, a proxy's idle timeout), so only those
+            // are checked; a busy one goes straight to its one statement.
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= PING_IF_IDLE_FOR {
+                        sqlx::Connection::ping(conn).await?;
+                    }
+                    Ok(true)
+                })
+            });
         let base = Capabilities::new(
             "postgres",
             ExpiryClock::StoreServer,

@@ -156,6 +156,49 @@ async fn waiter_gets_the_key_promptly_when_the_listen_connection_is_killed() {
     assert!(got.token() > holder.token());
 }
 
+/// Pooled connections are not pinged before each statement (that was a round
+/// trip per operation); only one that sat idle is. So connections killed while
+/// idle (`pg_terminate_backend`, as a server restart or a proxy's idle timeout
+/// does) are found and replaced before use: the next operations all succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_pooled_connections_killed_by_the_server_are_replaced_before_use() {
+    let server = owned_postgres();
+    let p = PostgresProvider::new(PostgresConfig::new(url(&server)).timeouts(TIMEOUT, TIMEOUT))
+        .unwrap();
+    let k = LeaseKey::new("idle-killed").unwrap();
+    // Several pooled connections, each used once.
+    let warm = join_all((0..4).map(|i| {
+        let p = p.clone();
+        async move {
+            let k = LeaseKey::new(format!("warm-{i}")).unwrap();
+            let l = p.try_acquire(&k, TTL).await.unwrap().into_lease().unwrap();
+            p.release(&l).await.unwrap();
+        }
+    }));
+    warm.await;
+    let admin_url = format!("postgres://postgres@127.0.0.1:{}/template1", server.port());
+    let admin = sqlx::PgPool::connect(&admin_url).await.unwrap();
+    let killed: i64 = sqlx::query_scalar(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE datname = 'postgres' AND pid <> pg_backend_pid()",
+    )
+    .fetch_one(&admin)
+    .await
+    .unwrap();
+    assert!(killed >= 1, "no pooled connection to kill");
+    // Idle past the threshold, as a connection between two renewals is.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    for _ in 0..6 {
+        let l = p
+            .try_acquire(&k, TTL)
+            .await
+            .expect("a killed idle connection is replaced, not used")
+            .into_lease()
+            .unwrap();
+        p.release(&l).await.expect("release on a fresh connection");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_that_look_like_sql_are_just_keys() {
     let p = shared(&unique("sql_keys"));
