@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use lease::{LeaseKey, StoreConfig};
+use lease::{LeaseKey, LeaseProvider, StoreConfig};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -27,27 +27,32 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .capabilities()
         .practical_ttl(Duration::from_secs(10));
     for _ in 0..3 {
-        let lease = provider
-            .try_acquire(&key, ttl)
-            .await?
-            .into_lease()
-            .ok_or("the key is held")?;
-        provider.release(&lease).await?;
+        round(&*provider, &key, ttl).await?;
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     eprintln!("measuring {rounds} rounds");
     let started = std::time::Instant::now();
     for _ in 0..rounds {
-        let lease = provider
-            .try_acquire(&key, ttl)
-            .await?
-            .into_lease()
-            .ok_or("the key is held")?;
-        provider.release(&lease).await?;
+        round(&*provider, &key, ttl).await?;
     }
     eprintln!(
         "done: {:.0} µs per round",
         started.elapsed().as_secs_f64() * 1e6 / f64::from(rounds)
     );
+    Ok(())
+}
+
+/// One acquire and one release.
+async fn round(
+    provider: &dyn LeaseProvider,
+    key: &LeaseKey,
+    ttl: Duration,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let lease = provider
+        .try_acquire(key, ttl)
+        .await?
+        .into_lease()
+        .ok_or("the key is held")?;
+    provider.release(&lease).await?;
     Ok(())
 }

@@ -648,16 +648,17 @@ impl LeaseProvider for PostgresProvider {
             .bind(&self.inner.namespace)
             .bind(key.as_str())
             .fetch_optional(self.pool()?);
-        let row = match tokio::time::timeout(self.inner.response_timeout, query).await {
-            Ok(Ok(row)) => row,
-            Ok(Err(sqlx::Error::Database(e)))
-                if matches!(e.code().as_deref(), Some("42P01" | "3F000")) =>
-            {
-                return Ok(None);
+        let answer = async {
+            match query.await {
+                Err(sqlx::Error::Database(e))
+                    if matches!(e.code().as_deref(), Some("42P01" | "3F000")) =>
+                {
+                    Ok(None)
+                }
+                r => r,
             }
-            Ok(Err(e)) => return Err(self.map_err(e)),
-            Err(_) => return Err(LeaseError::timeout("inspect", self.inner.response_timeout)),
         };
+        let row = self.bounded("inspect", answer).await?;
         let Some(row) = row else { return Ok(None) };
         let decode = |e: sqlx::Error| self.map_err(e);
         let token: i64 = row.try_get(0).map_err(decode)?;
