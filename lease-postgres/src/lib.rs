@@ -97,11 +97,13 @@
 //! When PostgreSQL is already there; when tokens must survive restarts (they are
 //! rows; the capabilities say so after probing `fsync` and `synchronous_commit`);
 //! when the protected resource is in the same database. Each operation costs a
-//! statement on a pooled connection (about a millisecond on a LAN); for thousands
+//! statement, one round trip, on a connection of its own (about a millisecond on
+//! a LAN); for thousands
 //! of short leases per second prefer Redis.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod conns;
 mod provider;
 mod sql;
 

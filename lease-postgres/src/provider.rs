@@ -16,6 +16,7 @@ use sqlx::{Postgres, Row, Transaction};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
+use crate::conns::{Conns, PING_IF_IDLE_FOR};
 use crate::sql::{Statements, payload, validate_identifier};
 
 /// How to reach PostgreSQL and where the lease table lives.
@@ -34,7 +35,10 @@ pub struct PostgresConfig {
     pub connect_timeout: Duration,
     /// How long to wait for a statement's answer.
     pub response_timeout: Duration,
-    /// Pool size. Default 10.
+    /// How many connections lease statements may use at once (default 10).
+    /// The pool for LISTEN, the migration, the probe and fenced transactions
+    /// has the same limit; it is used far less, so it seldom holds more than one
+    /// or two.
     pub max_connections: u32,
     /// Create the table on first use. Default true; turn off when schemas are
     /// managed elsewhere and call [`PostgresProvider::migrate`] there instead.
@@ -99,6 +103,8 @@ struct Listener {
 struct Inner {
     /// Made on first use: the pool spawns tasks, so it needs a runtime.
     pool: OnceLock<PgPool>,
+    /// The connections acquire, extend, release and inspect run on.
+    conns: Conns,
     connect_options: PgConnectOptions,
     pool_options: PgPoolOptions,
     sql: Statements,
@@ -114,8 +120,9 @@ struct Inner {
 
 /// Leases in a PostgreSQL table, timed by the database clock.
 ///
-/// Acquire, extend, release and inspect are one statement each. Clones share one
-/// pool and one LISTEN connection (opened on the first wait). See the crate docs.
+/// Acquire, extend, release and inspect are one statement each, one round trip
+/// on the wire. Clones share their connections and one LISTEN connection
+/// (opened on the first wait). See the crate docs.
 #[derive(Clone)]
 pub struct PostgresProvider {
     inner: Arc<Inner>,
@@ -129,9 +136,6 @@ impl std::fmt::Debug for PostgresProvider {
             .finish_non_exhaustive()
     }
 }
-
-/// A pooled connection idle this long is pinged before it is used again.
-const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 
 /// How long the LISTEN connection may stay quiet before it is checked with a
 /// query: a connection whose peer vanished without a reset would otherwise
@@ -199,10 +203,11 @@ impl PostgresProvider {
             .max_connections(config.max_connections)
             .min_connections(0)
             .acquire_timeout(config.connect_timeout)
-            // sqlx pings every connection it hands out: a round trip before
-            // every statement. Only a connection that sat idle can have been
-            // cut (a server restart, a proxy's idle timeout), so only those
-            // are checked; a busy one goes straight to its one statement.
+            // The pool serves LISTEN, the migration, the probe and fenced
+            // transactions (lease statements run on `Conns`). sqlx would ping
+            // every connection it hands out; only one that sat idle can have
+            // been cut (a server restart, a proxy's idle timeout), so only
+            // those are checked.
             .test_before_acquire(false)
             .before_acquire(|conn, meta| {
                 Box::pin(async move {
@@ -226,6 +231,7 @@ impl PostgresProvider {
         Ok(PostgresProvider {
             inner: Arc::new(Inner {
                 pool: OnceLock::new(),
+                conns: Conns::new(options.clone(), config.max_connections),
                 connect_options: options,
                 pool_options,
                 sql: Statements::new(&config.schema, &config.table),
@@ -258,11 +264,7 @@ impl PostgresProvider {
         if let Some(p) = self.inner.pool.get() {
             return Ok(p);
         }
-        if tokio::runtime::Handle::try_current().is_err() {
-            return Err(LeaseError::Config(
-                "PostgresProvider must be used inside a tokio runtime".into(),
-            ));
-        }
+        in_runtime()?;
         Ok(self.inner.pool.get_or_init(|| {
             self.inner
                 .pool_options
@@ -326,7 +328,12 @@ impl PostgresProvider {
                 sqlx::query(s).execute(&mut *tx).await?;
             }
             sqlx::query(&sql.create_table).execute(&mut *tx).await?;
-            sqlx::query(&sql.add_holder).execute(&mut *tx).await?;
+            let has_holder: bool = sqlx::query_scalar(&sql.has_holder)
+                .fetch_one(&mut *tx)
+                .await?;
+            if !has_holder {
+                sqlx::query(&sql.add_holder).execute(&mut *tx).await?;
+            }
             tx.commit().await
         })
         .await
@@ -353,6 +360,7 @@ impl PostgresProvider {
     }
 
     async fn ready(&self) -> Result<()> {
+        in_runtime()?;
         self.start_probe();
         if !self.inner.create_table {
             return Ok(());
@@ -533,6 +541,17 @@ impl PostgresProvider {
     }
 }
 
+/// Connections and the background tasks need a tokio runtime: say so
+/// instead of panicking inside tokio.
+fn in_runtime() -> Result<()> {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return Err(LeaseError::Config(
+            "PostgresProvider must be used inside a tokio runtime".into(),
+        ));
+    }
+    Ok(())
+}
+
 fn token_i64(t: FencingToken) -> Result<i64> {
     i64::try_from(t.get())
         .map_err(|_| LeaseError::protocol(format!("token {t} does not fit a bigint")))
@@ -563,16 +582,19 @@ impl LeaseProvider for PostgresProvider {
         let holder = lease_api::holder();
         let sent_at = Instant::now();
         let row = self
-            .bounded(
-                "acquire",
-                sqlx::query(&self.inner.sql.acquire)
+            .bounded("acquire", async {
+                let mut c = self.inner.conns.checkout().await?;
+                let r = sqlx::query(&self.inner.sql.acquire)
                     .bind(&self.inner.namespace)
                     .bind(key.as_str())
                     .bind(owner.to_hex())
                     .bind(micros(ttl))
                     .bind(&*holder)
-                    .fetch_optional(self.pool()?),
-            )
+                    .fetch_optional(c.conn())
+                    .await;
+                c.done(&r);
+                r
+            })
             .await?;
         let Some(row) = row else {
             // A concurrent acquirer inserted the row after our snapshot and won.
@@ -600,17 +622,21 @@ impl LeaseProvider for PostgresProvider {
         let ttl = self.capabilities().grant_ttl(ttl)?;
         self.ready().await?;
         let sent_at = Instant::now();
+        let token = token_i64(lease.token())?;
         let done = self
-            .bounded(
-                "extend",
-                sqlx::query(&self.inner.sql.extend)
+            .bounded("extend", async {
+                let mut c = self.inner.conns.checkout().await?;
+                let r = sqlx::query(&self.inner.sql.extend)
                     .bind(&self.inner.namespace)
                     .bind(lease.key().as_str())
                     .bind(lease.owner().to_hex())
-                    .bind(token_i64(lease.token())?)
+                    .bind(token)
                     .bind(micros(ttl))
-                    .execute(self.pool()?),
-            )
+                    .execute(c.conn())
+                    .await;
+                c.done(&r);
+                r
+            })
             .await?;
         if done.rows_affected() == 1 {
             Ok(lease.renewed(ttl, sent_at))
@@ -621,18 +647,22 @@ impl LeaseProvider for PostgresProvider {
 
     async fn release(&self, lease: &Lease) -> Result<()> {
         self.ready().await?;
+        let token = token_i64(lease.token())?;
         let released = self
-            .bounded(
-                "release",
-                sqlx::query(&self.inner.sql.release)
+            .bounded("release", async {
+                let mut c = self.inner.conns.checkout().await?;
+                let r = sqlx::query(&self.inner.sql.release)
                     .bind(&self.inner.namespace)
                     .bind(lease.key().as_str())
                     .bind(lease.owner().to_hex())
-                    .bind(token_i64(lease.token())?)
+                    .bind(token)
                     .bind(&self.inner.sql.channel)
                     .bind(payload(&self.inner.namespace, lease.key().as_str()))
-                    .fetch_optional(self.pool()?),
-            )
+                    .fetch_optional(c.conn())
+                    .await;
+                c.done(&r);
+                r
+            })
             .await?;
         match released {
             Some(_) => Ok(()),
@@ -643,13 +673,17 @@ impl LeaseProvider for PostgresProvider {
     async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>> {
         // Reading never creates or alters the table (`lease status` runs no
         // DDL): a table or schema that does not exist holds no lease.
+        in_runtime()?;
         self.start_probe();
-        let query = sqlx::query(&self.inner.sql.inspect)
-            .bind(&self.inner.namespace)
-            .bind(key.as_str())
-            .fetch_optional(self.pool()?);
         let answer = async {
-            match query.await {
+            let mut c = self.inner.conns.checkout().await?;
+            let r = sqlx::query(&self.inner.sql.inspect)
+                .bind(&self.inner.namespace)
+                .bind(key.as_str())
+                .fetch_optional(c.conn())
+                .await;
+            c.done(&r);
+            match r {
                 Err(sqlx::Error::Database(e))
                     if matches!(e.code().as_deref(), Some("42P01" | "3F000")) =>
                 {

@@ -24,6 +24,7 @@ pub(crate) struct Statements {
     pub create_schema: Option<String>,
     pub create_table: String,
     pub add_holder: String,
+    pub has_holder: String,
     pub acquire: String,
     pub extend: String,
     pub release: String,
@@ -54,6 +55,14 @@ impl Statements {
             ),
             // Tables made before holder labels existed.
             add_holder: format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS holder text NULL"),
+            // ALTER TABLE takes an exclusive lock even when the column is there,
+            // and would queue behind every open fenced transaction (and every
+            // lease statement behind it): look first.
+            has_holder: format!(
+                "SELECT EXISTS (SELECT 1 FROM pg_attribute
+                    WHERE attrelid = to_regclass('{}') AND attname = 'holder' AND NOT attisdropped)",
+                t.replace('\'', "''")
+            ),
             // One statement: take the row if it is absent, released or expired
             // (bumping its token), else report the holder's remaining time.
             acquire: format!(

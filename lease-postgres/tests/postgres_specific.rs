@@ -514,3 +514,50 @@ async fn verify_full_tls_with_scram_works_and_refusals_are_denied() {
             .await;
     }
 }
+
+/// A statement cut off by the response timeout leaves its connection in an
+/// unknown state (here: still blocked on a row lock on the server). The
+/// provider must not reuse it: with a single connection allowed, the next
+/// operation on another key still answers at once instead of queueing behind
+/// the stuck statement until its lock goes away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_cut_off_by_the_timeout_does_not_block_the_next_operation() {
+    let ns = unique("cut_off");
+    let a = shared(&ns);
+    let limit = Duration::from_millis(500);
+    let b = PostgresProvider::new(
+        PostgresConfig::new(store_url("LEASE_TEST_POSTGRES_URL"))
+            .namespace(&ns)
+            .timeouts(TIMEOUT, limit)
+            .max_connections(1),
+    )
+    .unwrap();
+    let locked = LeaseKey::new("locked-row").unwrap();
+    let ttl = a.capabilities().practical_ttl(Duration::from_millis(200));
+    let lease = a
+        .try_acquire(&locked, ttl)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    // Holds the row FOR SHARE until dropped: a takeover's UPDATE waits on it.
+    let tx = a.begin_fenced(&lease).await.unwrap();
+    tokio::time::sleep(ttl + Duration::from_millis(100)).await;
+    let err = b.try_acquire(&locked, TTL).await.unwrap_err();
+    assert!(matches!(err, LeaseError::Timeout { .. }), "{err:?}");
+    let other = LeaseKey::new("other-row").unwrap();
+    let started = Instant::now();
+    let got = b
+        .try_acquire(&other, TTL)
+        .await
+        .expect("the next operation runs on a fresh connection")
+        .into_lease()
+        .unwrap();
+    assert!(
+        started.elapsed() < limit,
+        "waited {:?} behind the cut-off statement",
+        started.elapsed()
+    );
+    b.release(&got).await.unwrap();
+    drop(tx);
+}

@@ -1,0 +1,127 @@
+//! The connections the lease statements run on.
+//!
+//! sqlx's pool pings every connection when it goes back to the pool (a `Sync`
+//! and its `ReadyForQuery`), unconditionally: with it, every acquire, extend and
+//! release cost two round trips on the wire, one of them after the answer. These
+//! slots hand out plain connections instead, so an operation is exactly its one
+//! statement: the client writes one message batch (Bind, Execute, Close, Sync)
+//! and reads one answer. What the release ping protected against is handled
+//! here directly:
+//!
+//! - a connection whose statement was cut off (a timeout dropped the future, an
+//!   I/O or protocol error, the server ending the session) is closed, never
+//!   reused, because its protocol state is unknown;
+//! - a connection that sat idle for [`PING_IF_IDLE_FOR`] is pinged before use,
+//!   because only an idle one can have been cut without us noticing (a server
+//!   restart, `pg_terminate_backend`, a proxy's idle timeout).
+//!
+//! The pool stays for what is neither hot nor one statement: LISTEN, the
+//! migration, the probe and [`begin_fenced`](crate::PostgresProvider::begin_fenced).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgConnection};
+use sqlx::{ConnectOptions, Connection};
+use tokio::sync::{Mutex, MutexGuard};
+use tokio::time::Instant;
+
+/// A connection idle this long is pinged before it is used again.
+pub(crate) const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
+
+struct Open {
+    conn: PgConnection,
+    last_used: Instant,
+}
+
+pub(crate) struct Conns {
+    slots: Box<[Mutex<Option<Open>>]>,
+    next: AtomicUsize,
+    options: PgConnectOptions,
+}
+
+/// One slot, checked out: its connection is taken out of the slot and only put
+/// back by [`Checkout::done`]. Dropped without it (the statement's future was
+/// dropped, or it failed in a way that leaves the protocol state unknown), the
+/// connection is closed and the slot left empty.
+pub(crate) struct Checkout<'a> {
+    slot: MutexGuard<'a, Option<Open>>,
+    open: Open,
+}
+
+impl Conns {
+    pub(crate) fn new(options: PgConnectOptions, size: u32) -> Self {
+        let size = usize::try_from(size.max(1)).unwrap_or(1);
+        Conns {
+            slots: (0..size).map(|_| Mutex::new(None)).collect(),
+            next: AtomicUsize::new(0),
+            options,
+        }
+    }
+
+    /// A free slot with a live connection: an open one if any is free, else a
+    /// free empty slot (connecting), else the next slot in turn (waiting).
+    pub(crate) async fn checkout(&self) -> Result<Checkout<'_>, sqlx::Error> {
+        let n = self.slots.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        let order = || (0..n).map(move |i| &self.slots[(start + i) % n]);
+        let mut slot = None;
+        let mut empty = None;
+        for s in order() {
+            if let Ok(g) = s.try_lock() {
+                if g.is_some() {
+                    slot = Some(g);
+                    break;
+                }
+                if empty.is_none() {
+                    empty = Some(g);
+                }
+            }
+        }
+        let slot = match slot.or(empty) {
+            Some(g) => g,
+            None => self.slots[start].lock().await,
+        };
+        let mut slot = slot;
+        let mut open = slot.take();
+        if let Some(o) = open.as_mut()
+            && o.last_used.elapsed() >= PING_IF_IDLE_FOR
+            && o.conn.ping().await.is_err()
+        {
+            open = None;
+        }
+        let open = match open {
+            Some(o) => o,
+            None => Open {
+                conn: self.options.connect().await?,
+                last_used: Instant::now(),
+            },
+        };
+        Ok(Checkout { slot, open })
+    }
+}
+
+impl Checkout<'_> {
+    /// The connection, for one statement.
+    pub(crate) fn conn(&mut self) -> &mut PgConnection {
+        &mut self.open.conn
+    }
+
+    /// Hands the connection back after its statement answered with `result`:
+    /// kept after a success or an ordinary database error (the protocol is in
+    /// step), closed after anything else.
+    pub(crate) fn done<T>(self, result: &Result<T, sqlx::Error>) {
+        let keep = match result {
+            Ok(_) => true,
+            Err(sqlx::Error::Database(d)) => !d
+                .code()
+                .is_some_and(|c| c.starts_with("57P") || c.starts_with("08")),
+            Err(_) => false,
+        };
+        let Checkout { mut slot, mut open } = self;
+        if keep {
+            open.last_used = Instant::now();
+            *slot = Some(open);
+        }
+    }
+}
