@@ -98,8 +98,7 @@
 //! rows; the capabilities say so after probing `fsync` and `synchronous_commit`);
 //! when the protected resource is in the same database. Each operation costs a
 //! statement, one round trip, on a connection of its own (about a millisecond on
-//! a LAN); for thousands
-//! of short leases per second prefer Redis.
+//! a LAN); for thousands of short leases per second prefer Redis.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
