@@ -95,11 +95,36 @@ struct Inner {
     caps: Capabilities,
 }
 
+/// The token of a won acquire round, and whether the raise round must run.
+#[derive(Debug, PartialEq, Eq)]
+struct TokenStep {
+    token: u64,
+    raise: bool,
+}
+
+/// The token is the highest counter among the nodes that granted the lease
+/// (`won`: node index and the counter its acquire script returned). The raise
+/// round brings every one of them up to it; when they all returned the same
+/// counter (the steady state: healthy nodes count every acquisition alike)
+/// each already is there, and has the token in its stored value, so the round
+/// is skipped. Either way, once the lease is granted, every node of the
+/// majority has a counter >= the token, which is what makes any later
+/// majority's token larger (see the crate docs; `tests::tokens_are_monotonic_*`
+/// check it over every majority sequence).
+fn token_step(won: &[(usize, u64)]) -> TokenStep {
+    let token = won.iter().map(|(_, t)| *t).max().unwrap_or(0);
+    TokenStep {
+        token,
+        raise: won.iter().any(|(_, t)| *t != token),
+    }
+}
+
 /// Leases held by a majority of N independent Redis nodes (Redlock).
 ///
-/// Every operation is one parallel round to all nodes (acquire adds a second
-/// round on the winning majority to raise their fence counters, see the crate
-/// docs). A minority of nodes down or slow does not stop it.
+/// Every operation is one parallel round to all nodes. Acquire adds a second
+/// round on the winning majority to raise their fence counters, only when
+/// their counters disagree (see the crate docs). A minority of nodes down or
+/// slow does not stop it.
 #[derive(Clone)]
 pub struct RedlockProvider {
     inner: Arc<Inner>,
@@ -430,26 +455,30 @@ impl RedlockProvider {
             .collect();
         let lease = Lease::new(key.clone(), FencingToken(0), owner, ttl, sent_at);
         if won.len() >= quorum && Instant::now() < lease.valid_until() {
-            // Step two: the token is the highest counter of the majority, and
-            // every node of that majority raises its counter to it while we
-            // hold the lease there, so any later majority (which shares a node
-            // with this one) issues a larger token.
-            let token = won.iter().map(|(_, t)| *t).max().unwrap_or(0);
-            let token_arg = token.to_string();
-            let keys = [lease_key.as_str(), fence_key.as_str()];
-            let raise_args = [owner_hex.as_str(), token_arg.as_str(), &holder];
-            let raised = join_all(won.iter().map(|(i, _)| {
-                bounded(
-                    "a Redlock node's raise",
-                    limit,
-                    self.inner.nodes[*i].eval::<i64>(&RAISE, &keys, &raise_args),
-                    |e| e,
-                )
-            }))
-            .await
-            .into_iter()
-            .filter(|r| matches!(r, Ok(1)))
-            .count();
+            let TokenStep { token, raise } = token_step(&won);
+            let raised = if raise {
+                // Step two: every node of the majority raises its counter to
+                // the token while we hold the lease there, so any later
+                // majority (which shares a node with this one) issues a larger
+                // token.
+                let token_arg = token.to_string();
+                let keys = [lease_key.as_str(), fence_key.as_str()];
+                let raise_args = [owner_hex.as_str(), token_arg.as_str(), &holder];
+                join_all(won.iter().map(|(i, _)| {
+                    bounded(
+                        "a Redlock node's raise",
+                        limit,
+                        self.inner.nodes[*i].eval::<i64>(&RAISE, &keys, &raise_args),
+                        |e| e,
+                    )
+                }))
+                .await
+                .into_iter()
+                .filter(|r| matches!(r, Ok(1)))
+                .count()
+            } else {
+                won.len()
+            };
             let lease = Lease::new(key.clone(), FencingToken(token), owner, ttl, sent_at)
                 .with_holder(Arc::clone(&holder));
             if raised >= quorum && Instant::now() < lease.valid_until() {
@@ -734,5 +763,146 @@ impl LeaseProvider for RedlockProvider {
             return Err(self.unavailable(errors.into_iter().filter_map(Result::err).collect()));
         }
         Ok(Box::new(watch))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{TokenStep, token_step};
+    use std::collections::HashSet;
+
+    /// What one acquire round can do to the nodes' fence counters, mirroring
+    /// the scripts: ACQUIRE increments the counter of every node it runs on
+    /// (those that granted in time, late ones and ones later undone alike);
+    /// RAISE sets a counter to at least the token. The round issues its token
+    /// only when `token_step` says no raise is needed and a majority granted,
+    /// or when the raise succeeded on a majority.
+    fn subsets(of: &[usize]) -> Vec<Vec<usize>> {
+        (0..1u32 << of.len())
+            .map(|m| {
+                of.iter()
+                    .enumerate()
+                    .filter(|(b, _)| m & (1 << b) != 0)
+                    .map(|(_, i)| *i)
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Every sequence of up to `depth` rounds on `n` nodes: which nodes grant
+    /// (any subset, a majority or not), which other nodes run the acquire late,
+    /// on which granting nodes the raise succeeds, and whether the round ends in
+    /// time. Checks that every issued token is larger than every token issued
+    /// before it. States are kept relative to the last issued token, so equal
+    /// situations are explored once. Returns how many states were explored.
+    fn explore(n: usize, depth: usize, step: fn(&[(usize, u64)]) -> TokenStep) -> usize {
+        let quorum = n / 2 + 1;
+        let all: Vec<usize> = (0..n).collect();
+        // Counters, and the last issued token (0: none yet).
+        let mut frontier: Vec<(Vec<u64>, u64)> = vec![(vec![0; n], 0)];
+        let mut seen: HashSet<Vec<i64>> = HashSet::new();
+        let norm = |c: &[u64], last: u64| -> Vec<i64> {
+            c.iter().map(|&x| x as i64 - last as i64).collect()
+        };
+        for _ in 0..depth {
+            let mut next = Vec::new();
+            for (counters, last) in &frontier {
+                for granted in subsets(&all) {
+                    let rest: Vec<usize> = all
+                        .iter()
+                        .copied()
+                        .filter(|i| !granted.contains(i))
+                        .collect();
+                    for late in subsets(&rest) {
+                        let mut c = counters.clone();
+                        let won: Vec<(usize, u64)> = granted
+                            .iter()
+                            .map(|&i| {
+                                c[i] += 1;
+                                (i, c[i])
+                            })
+                            .collect();
+                        for &i in &late {
+                            c[i] += 1;
+                        }
+                        let TokenStep { token, raise } = step(&won);
+                        let raise_sets = if raise {
+                            subsets(&granted)
+                        } else {
+                            vec![Vec::new()]
+                        };
+                        for raised in raise_sets {
+                            let mut c = c.clone();
+                            for &i in &raised {
+                                c[i] = c[i].max(token);
+                            }
+                            let granted_enough = if raise {
+                                raised.len() >= quorum
+                            } else {
+                                granted.len() >= quorum
+                            };
+                            for in_time in [true, false] {
+                                let mut last = *last;
+                                if granted_enough && in_time {
+                                    assert!(
+                                        token > last,
+                                        "token {token} issued after {last}: counters {counters:?}, \
+                                         granted {granted:?}, late {late:?}, raised {raised:?}"
+                                    );
+                                    last = token;
+                                }
+                                if seen.insert(norm(&c, last)) {
+                                    next.push((c.clone(), last));
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            frontier = next;
+        }
+        seen.len()
+    }
+
+    #[test]
+    fn tokens_are_monotonic_over_every_majority_sequence_on_3_nodes() {
+        let states = explore(3, 8, token_step);
+        assert!(states > 100, "explored only {states} states");
+    }
+
+    #[test]
+    fn tokens_are_monotonic_over_every_majority_sequence_on_5_nodes() {
+        let states = explore(5, 4, token_step);
+        assert!(states > 100, "explored only {states} states");
+    }
+
+    /// The check has teeth: without the raise round, some sequence issues a
+    /// token that is not larger than an earlier one.
+    #[test]
+    fn skipping_every_raise_breaks_monotonicity() {
+        let never_raise = |won: &[(usize, u64)]| TokenStep {
+            token: won.iter().map(|(_, t)| *t).max().unwrap_or(0),
+            raise: false,
+        };
+        let broke = std::panic::catch_unwind(|| explore(3, 4, never_raise));
+        assert!(broke.is_err(), "no sequence broke monotonicity");
+    }
+
+    #[test]
+    fn agreeing_counters_skip_the_raise_and_disagreeing_ones_do_not() {
+        assert_eq!(
+            token_step(&[(0, 7), (2, 7)]),
+            TokenStep {
+                token: 7,
+                raise: false
+            }
+        );
+        assert_eq!(
+            token_step(&[(0, 7), (1, 5), (2, 7)]),
+            TokenStep {
+                token: 7,
+                raise: true
+            }
+        );
     }
 }

@@ -366,6 +366,90 @@ async fn redlock_tokens_grow_across_different_majorities() {
     );
 }
 
+/// How often a node ran the raise script so far, told apart from the other
+/// scripts by the commands they call (`INFO commandstats` counts those too):
+/// acquire calls EXISTS once and GET only on a held key, release and cancel
+/// call GET once, raise calls GET twice. So on free keys, raises = GETs -
+/// (scripts that ran - EXISTS).
+async fn raises_run(server: &OwnedProcess) -> i64 {
+    let mut c = admin_connection(server).await;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    // Calls that ran: an EVALSHA refused with NOSCRIPT (the client then
+    // sends EVAL) counts as a failed call.
+    let field = |l: &str, f: &str| -> i64 {
+        l.split(&format!(",{f}="))
+            .nth(1)
+            .or_else(|| l.split(&format!(":{f}=")).nth(1))
+            .and_then(|v| v.split(',').next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    let calls = |names: &[&str]| -> i64 {
+        info.lines()
+            .filter(|l| {
+                names
+                    .iter()
+                    .any(|n| l.starts_with(&format!("cmdstat_{n}:")))
+            })
+            .map(|l| field(l, "calls") - field(l, "failed_calls") - field(l, "rejected_calls"))
+            .sum()
+    };
+    calls(&["get"]) - (calls(&["eval", "evalsha"]) - calls(&["exists"]))
+}
+
+/// In the steady state (every node counted every acquisition) the counters of
+/// the majority agree, so acquire is one round with no raise. Once one node's
+/// counter is pushed ahead, the raise runs again, and the tokens stay above it
+/// even on a majority without that node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_raises_counters_only_when_the_majority_disagrees() {
+    let (a, b, c) = (owned_redis(false), owned_redis(false), owned_redis(false));
+    let rl = redlock(&[&a, &b, &c]);
+    let k = key("steady");
+    let mut last = token_after_acquire(&rl, &k).await;
+    let raises = || async { raises_run(&a).await + raises_run(&b).await + raises_run(&c).await };
+    let before = raises().await;
+    for _ in 0..20 {
+        let t = token_after_acquire(&rl, &k).await;
+        assert!(t > last, "token {t} after {last}");
+        last = t;
+    }
+    assert_eq!(raises().await - before, 0, "raises in the steady state");
+    // Node a runs ahead: its counter disagrees with the others'.
+    let on_a = provider(&a);
+    let mut ahead = 0;
+    for _ in 0..10 {
+        ahead = token_after_acquire(&on_a, &k).await;
+    }
+    // A majority with a disagrees and raises; one without a ({b, c}) agrees
+    // and skips it (only a counted the single-node acquisitions). Which
+    // majority answers first is up to the scheduler: go on until a is in one.
+    let mut t = last;
+    let mut with_a = false;
+    for _ in 0..50 {
+        let before = raises().await;
+        let next = token_after_acquire(&rl, &k).await;
+        assert!(next > t, "token {next} after {t}");
+        t = next;
+        let raised = raises().await - before;
+        if next > ahead {
+            assert!(raised >= 2, "a majority with a ran {raised} raises");
+            with_a = true;
+            break;
+        }
+        assert_eq!(raised, 0, "a majority without a raised");
+    }
+    assert!(with_a, "node a was in no majority in 50 rounds");
+    // The raise brought the majority up to the token: it stays above it on
+    // a majority without a.
+    drop(a);
+    let next = token_after_acquire(&rl, &k).await;
+    assert!(next > t, "token {next} after {t} on a majority without a");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_needs_three_nodes_and_valid_urls() {
     let err = RedlockProvider::new(RedlockConfig::new([
