@@ -61,9 +61,11 @@
 //! the local monotonic clock. The sample was taken before its answer arrived,
 //! so the estimate is a lower bound of the server's clock: a takeover is never
 //! early and at most one round trip late, and `inspect` writes at most one
-//! probe per second per provider instead of one per call. `extend` always takes
-//! a fresh probe, so it never extends a lease the server already considers
-//! expired. Taking over an
+//! probe per second per provider instead of one per call. `extend` of a lease
+//! past its local validity takes a fresh probe, so it never extends a lease the
+//! server already considers expired (while the lease is locally valid, the
+//! server cannot consider it expired: local validity is conservative). Taking
+//! over an
 //! expired holder is one multi: delete the holder at the version that was judged
 //! expired, create ours, bump the key node's version. If leadership moves between
 //! the two writes, the judgement uses two servers' wall clocks; keep ZooKeeper
@@ -72,9 +74,16 @@
 //! ## Extend and release
 //!
 //! Every acquisition bumps the persistent key node's version (the epoch, kept in
-//! the lease). Extend checks owner, czxid and expiry, then runs a multi
-//! `check(key node, epoch) + setData(holder, version)`; release runs `check(key
-//! node, epoch) + delete(holder)`; release of a lease that already expired
+//! the lease). A lease this provider acquired, on the session it still talks
+//! through, and still valid by our clock, is extended with one multi
+//! `check(key node, epoch) + setData(holder)` and released with one
+//! `check(key node, epoch) + delete(holder)`: one round trip each. The
+//! provider remembers what it issued (key, owner, token, epoch, session), so a
+//! lease rebuilt with another owner or token, or one from another provider,
+//! never takes this path. Any other lease is read first: extend checks owner,
+//! czxid, session and expiry, then runs `check(key node, epoch) +
+//! setData(holder, version)`; release checks owner and czxid, then runs
+//! `check(key node, epoch) + delete(holder, version)`; release of a lease that already expired
 //! still deletes the node (waiters wake at once) but reports `NotHeld`, like
 //! every backend. A holder node deleted and recreated by a
 //! takeover always comes with a new epoch, so a stale holder can never touch it,
@@ -104,6 +113,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod issued;
 mod provider;
 
 pub use provider::{ZkConfig, ZkProvider};

@@ -1,5 +1,6 @@
 //! `ZkProvider`.
 
+use crate::issued::Issued;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -146,6 +147,9 @@ struct Inner {
     cleanups: tokio_util::task::TaskTracker,
     /// The last server-clock sample, shared by every caller (see `shared_now`).
     clock: tokio::sync::Mutex<Option<ClockSample>>,
+    /// The leases this provider acquired and still holds, for one-round-trip
+    /// extend and release (see `Issued`).
+    issued: Issued,
 }
 
 /// A reading of the server's clock: a probe write's mtime, and when its answer
@@ -275,6 +279,7 @@ impl ZkProvider {
                 granted_caps: std::sync::OnceLock::new(),
                 clock: tokio::sync::Mutex::new(None),
                 cleanups: tokio_util::task::TaskTracker::new(),
+                issued: Issued::default(),
             }),
         })
     }
@@ -677,16 +682,18 @@ impl ZkProvider {
         owner: OwnerId,
         ttl: Duration,
         sent_at: Instant,
-        (zxid, epoch, session): (i64, i32, Duration),
+        (zxid, epoch, session, session_id): (i64, i32, Duration, i64),
     ) -> Result<Lease> {
         let token = u64::try_from(zxid).ok().filter(|t| *t > 0).ok_or_else(|| {
             LeaseError::protocol(format!("ZooKeeper returned zxid {zxid} for an acquire"))
         })?;
-        Ok(bounded_validity(
+        let lease = bounded_validity(
             Lease::new(key.clone(), FencingToken(token), owner, ttl, sent_at)
                 .with_handle(LeaseHandle::ZkKeyVersion(epoch)),
             session,
-        ))
+        );
+        self.inner.issued.record(&lease, epoch, session_id);
+        Ok(lease)
     }
 }
 
@@ -705,83 +712,44 @@ fn bounded_validity(lease: Lease, session: Duration) -> Lease {
     lease.with_valid_until(limit)
 }
 
-#[async_trait]
-impl LeaseProvider for ZkProvider {
-    fn capabilities(&self) -> &Capabilities {
-        self.caps()
-    }
-
-    fn namespace(&self) -> &str {
-        &self.inner.config.namespace
-    }
-
-    async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
-        let ttl = self.caps().grant_ttl(ttl)?;
-        let client = self.client().await?;
-        let paths = self.paths(key);
-        let owner = OwnerId::random();
-        let label = lease_api::holder();
-        let data = holder_data(owner, ttl, &label);
-        for _ in 0..4 {
-            let sent_at = Instant::now();
-            match self.claim(&client, &paths, &data, None).await? {
-                Ok((zxid, epoch)) => {
-                    let granted = (zxid, epoch, client.session_timeout());
-                    return Ok(TryAcquire::Acquired(
-                        self.lease_from(key, owner, ttl, sent_at, granted)?
-                            .with_holder(Arc::clone(&label)),
-                    ));
-                }
-                Err(ZkError::NoNode) => {
-                    self.ensure_key_node(&client, &paths).await?;
-                    continue;
-                }
-                Err(ZkError::NodeExists) => {}
-                Err(e) => return Err(self.map_err(e)),
-            }
-            // Held: judge expiry on the server's clock, on the holder node and
-            // the epoch read together (one consistent snapshot).
-            let (data_now, stat, epoch) = match self.read_holder_and_epoch(&client, &paths).await? {
-                Some(v) => v,
-                None => continue,
-            };
-            let now = self.shared_now(&client).await?;
-            let holder_ttl = parse_holder(&data_now).map_or(Duration::ZERO, |(_, t, _)| t);
-            let expires = stat.mtime + i64::try_from(holder_ttl.as_millis()).unwrap_or(i64::MAX);
-            if now < expires {
-                let remaining = Duration::from_millis(u64::try_from(expires - now).unwrap_or(0))
-                    .min(holder_ttl);
-                return Ok(TryAcquire::Held {
-                    remaining: Some(remaining),
-                });
-            }
-            let sent_at = Instant::now();
-            let judged = Judged {
-                epoch,
-                holder_version: stat.version,
-            };
-            match self.claim(&client, &paths, &data, Some(judged)).await? {
-                Ok((zxid, epoch)) => {
-                    let granted = (zxid, epoch, client.session_timeout());
-                    return Ok(TryAcquire::Acquired(
-                        self.lease_from(key, owner, ttl, sent_at, granted)?
-                            .with_holder(Arc::clone(&label)),
-                    ));
-                }
-                // Someone else acted first; look again.
-                Err(ZkError::BadVersion | ZkError::NoNode | ZkError::NodeExists) => continue,
-                Err(e) => return Err(self.map_err(e)),
-            }
-        }
-        Ok(TryAcquire::Held { remaining: None })
-    }
-
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+impl ZkProvider {
+    /// Extend, without the bookkeeping of `issued`.
+    async fn extend_once(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
         let ttl = self.caps().grant_ttl(ttl)?;
         let lost = || LeaseError::lost(lease);
         let client = self.client().await?;
         let paths = self.paths(lease.key());
         let sent_at = Instant::now();
+        if self
+            .inner
+            .issued
+            .fast_path(lease, key_version(lease), client.session_id().0)
+        {
+            let mut w = client.new_multi_writer();
+            if let Err(e) = w
+                .add_check_version(&paths.key, key_version(lease))
+                .and_then(|()| {
+                    w.add_set_data(
+                        &paths.holder,
+                        &holder_data(lease.owner(), ttl, lease.holder()),
+                        None,
+                    )
+                })
+            {
+                return Err(self.map_err(e));
+            }
+            return match self
+                .bounded("extend", async { w.commit().await.map_err(multi_err) })
+                .await?
+            {
+                Ok(_) => Ok(bounded_validity(
+                    lease.renewed(ttl, sent_at),
+                    client.session_timeout(),
+                )),
+                Err(ZkError::BadVersion | ZkError::NoNode) => Err(lost()),
+                Err(e) => Err(self.map_err(e)),
+            };
+        }
         let (current, now) = tokio::join!(
             self.bounded("get", client.get_data(&paths.holder)),
             self.server_now(&client)
@@ -831,10 +799,32 @@ impl LeaseProvider for ZkProvider {
         }
     }
 
-    async fn release(&self, lease: &Lease) -> Result<()> {
+    /// Release, without the bookkeeping of `issued`.
+    async fn release_once(&self, lease: &Lease) -> Result<()> {
         let not_held = || LeaseError::not_held(lease);
         let client = self.client().await?;
         let paths = self.paths(lease.key());
+        if self
+            .inner
+            .issued
+            .fast_path(lease, key_version(lease), client.session_id().0)
+        {
+            let mut w = client.new_multi_writer();
+            if let Err(e) = w
+                .add_check_version(&paths.key, key_version(lease))
+                .and_then(|()| w.add_delete(&paths.holder, None))
+            {
+                return Err(self.map_err(e));
+            }
+            return match self
+                .bounded("release", async { w.commit().await.map_err(multi_err) })
+                .await?
+            {
+                Ok(_) => Ok(()),
+                Err(ZkError::BadVersion | ZkError::NoNode) => Err(not_held()),
+                Err(e) => Err(self.map_err(e)),
+            };
+        }
         // Key node versions repeat across keys and namespaces: check that the
         // holder node is this lease's (owner and czxid) before deleting it.
         let (current, now) = tokio::join!(
@@ -873,6 +863,98 @@ impl LeaseProvider for ZkProvider {
             Err(ZkError::BadVersion | ZkError::NoNode) => Err(not_held()),
             Err(e) => Err(self.map_err(e)),
         }
+    }
+}
+
+#[async_trait]
+impl LeaseProvider for ZkProvider {
+    fn capabilities(&self) -> &Capabilities {
+        self.caps()
+    }
+
+    fn namespace(&self) -> &str {
+        &self.inner.config.namespace
+    }
+
+    async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
+        let ttl = self.caps().grant_ttl(ttl)?;
+        let client = self.client().await?;
+        let paths = self.paths(key);
+        let owner = OwnerId::random();
+        let label = lease_api::holder();
+        let data = holder_data(owner, ttl, &label);
+        for _ in 0..4 {
+            let sent_at = Instant::now();
+            match self.claim(&client, &paths, &data, None).await? {
+                Ok((zxid, epoch)) => {
+                    let granted = (zxid, epoch, client.session_timeout(), client.session_id().0);
+                    return Ok(TryAcquire::Acquired(
+                        self.lease_from(key, owner, ttl, sent_at, granted)?
+                            .with_holder(Arc::clone(&label)),
+                    ));
+                }
+                Err(ZkError::NoNode) => {
+                    self.ensure_key_node(&client, &paths).await?;
+                    continue;
+                }
+                Err(ZkError::NodeExists) => {}
+                Err(e) => return Err(self.map_err(e)),
+            }
+            // Held: judge expiry on the server's clock, on the holder node and
+            // the epoch read together (one consistent snapshot).
+            let (data_now, stat, epoch) = match self.read_holder_and_epoch(&client, &paths).await? {
+                Some(v) => v,
+                None => continue,
+            };
+            let now = self.shared_now(&client).await?;
+            let holder_ttl = parse_holder(&data_now).map_or(Duration::ZERO, |(_, t, _)| t);
+            let expires = stat.mtime + i64::try_from(holder_ttl.as_millis()).unwrap_or(i64::MAX);
+            if now < expires {
+                let remaining = Duration::from_millis(u64::try_from(expires - now).unwrap_or(0))
+                    .min(holder_ttl);
+                return Ok(TryAcquire::Held {
+                    remaining: Some(remaining),
+                });
+            }
+            let sent_at = Instant::now();
+            let judged = Judged {
+                epoch,
+                holder_version: stat.version,
+            };
+            match self.claim(&client, &paths, &data, Some(judged)).await? {
+                Ok((zxid, epoch)) => {
+                    let granted = (zxid, epoch, client.session_timeout(), client.session_id().0);
+                    return Ok(TryAcquire::Acquired(
+                        self.lease_from(key, owner, ttl, sent_at, granted)?
+                            .with_holder(Arc::clone(&label)),
+                    ));
+                }
+                // Someone else acted first; look again.
+                Err(ZkError::BadVersion | ZkError::NoNode | ZkError::NodeExists) => continue,
+                Err(e) => return Err(self.map_err(e)),
+            }
+        }
+        Ok(TryAcquire::Held { remaining: None })
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        let extended = self.extend_once(lease, ttl).await;
+        match &extended {
+            Ok(renewed) => self.inner.issued.renewed(renewed),
+            Err(LeaseError::Lost { .. }) => self.inner.issued.forget(lease),
+            Err(_) => {}
+        }
+        extended
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        let released = self.release_once(lease).await;
+        // After a transient error the lease may still be held: a retry keeps
+        // its fast path.
+        if matches!(released, Ok(()) | Err(LeaseError::NotHeld { .. })) {
+            self.inner.issued.forget(lease);
+        }
+        released
     }
 
     async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>> {

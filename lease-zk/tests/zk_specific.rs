@@ -333,3 +333,58 @@ async fn digest_acls_keep_other_identities_off_the_nodes() {
     again.release(&l2).await.unwrap();
     owner.release(&held).await.unwrap();
 }
+
+/// The server's count of packets received (`srvr`).
+fn packets_received(port: u16) -> u64 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(b"srvr").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out.lines()
+        .find_map(|l| l.strip_prefix("Received: "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no Received line in {out:?}"))
+}
+
+/// A lease this provider acquired is extended and released in one request
+/// each (a version-checked multi), counted by the server: no read of the
+/// holder node and no clock-probe write first. A lease rebuilt from its parts
+/// (as `lease release` in another process does) takes the checked path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn own_leases_extend_and_release_in_one_request_each() {
+    let zk = owned_zk();
+    let p = ZkProvider::new(on_port(zk.port())).unwrap();
+    let k = LeaseKey::new("one-request").unwrap();
+    let lease = until_ok(|| p.try_acquire(&k, TTL))
+        .await
+        .into_lease()
+        .unwrap();
+    let rounds = 20u64;
+    let before = packets_received(zk.port());
+    let mut current = lease.clone();
+    for _ in 0..rounds {
+        current = p.extend(&current, TTL).await.unwrap();
+    }
+    p.release(&current).await.unwrap();
+    let sent = packets_received(zk.port()) - before;
+    // One per extend and one for the release; a session ping may fall in.
+    assert!(
+        sent <= rounds + 1 + 2,
+        "{sent} requests for {rounds} extends and a release"
+    );
+    // The checked path still works, and costs more.
+    let lease = p.try_acquire(&k, TTL).await.unwrap().into_lease().unwrap();
+    let rebuilt = lease_api::Lease::new(
+        k.clone(),
+        lease.token(),
+        lease.owner(),
+        TTL,
+        tokio::time::Instant::now(),
+    )
+    .with_handle(lease.handle());
+    let before = packets_received(zk.port());
+    p.release(&rebuilt).await.unwrap();
+    assert!(p.inspect(&k).await.unwrap().is_none());
+    assert!(packets_received(zk.port()) - before >= 2);
+}
