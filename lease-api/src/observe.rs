@@ -177,6 +177,10 @@ impl<P: LeaseProvider + ?Sized> LeaseProvider for Observed<P> {
         self.inner.namespace()
     }
 
+    fn watch_reports_state(&self) -> bool {
+        self.inner.watch_reports_state()
+    }
+
     async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
         self.observe(
             "acquire",

@@ -64,6 +64,17 @@ pub trait LeaseProvider: Send + Sync + fmt::Debug {
         Ok(Box::new(SleepWatch))
     }
 
+    /// Whether a watch set up **after** a `try_acquire` that found the key held
+    /// still cannot miss a release in between: true when [`watch`](Self::watch)
+    /// looks at the key's current state as it registers and reports a key
+    /// that is free already as changed (ZooKeeper's exists watch does). Then
+    /// [`acquire`] tries first and sets the watch up only when the key is
+    /// held, so a waiter woken by a release needs one store step to take the
+    /// key, not two. Default `false`: watch first, then try.
+    fn watch_reports_state(&self) -> bool {
+        false
+    }
+
     /// Waits, up to `limit`, for background work that keeps the store clean,
     /// such as cancelling an acquire that timed out but may still run. Call it
     /// before a short-lived process exits (the `lease` command does). Default:
@@ -292,7 +303,9 @@ where
     }
 }
 
-/// One round: register a watch (unless not waiting), then try.
+/// One round: register a watch (unless not waiting), then try; or, for a
+/// provider whose watch reports the key's state, try first and watch only a
+/// held key.
 async fn attempt<P>(
     provider: &Arc<P>,
     key: &LeaseKey,
@@ -303,31 +316,51 @@ async fn attempt<P>(
 where
     P: LeaseProvider + ?Sized + 'static,
 {
+    if provider.watch_reports_state() {
+        let tried = cancel_safe_try_acquire(provider, key, ttl).await?;
+        if no_wait || matches!(tried, TryAcquire::Acquired(_)) {
+            return Ok((tried, None));
+        }
+        let watch = watch_or_fallback(provider, key, watch_retry).await;
+        return Ok((tried, Some(watch)));
+    }
     let watch = if no_wait {
         None
     } else {
-        // A watch that cannot be set up must not block a free key, so the try
-        // goes ahead. A transient failure (a connection cut while subscribing)
-        // is retried soon, with backoff; a lasting one (a user without pub/sub
-        // permission) waits by the holder's TTL.
-        Some(match provider.watch(key).await {
-            Ok(w) => {
-                *watch_retry = WATCH_RETRY_MIN;
-                w
-            }
-            Err(e) if e.is_transient() => {
-                tracing::debug!(key = %key, error = %e, retry = ?*watch_retry, "cannot watch the key now; trying again soon");
-                let w = RetryWatch { cap: *watch_retry };
-                *watch_retry = watch_retry.saturating_mul(2).min(WATCH_RETRY_MAX);
-                Box::new(w) as Box<dyn KeyWatch>
-            }
-            Err(e) => {
-                tracing::debug!(key = %key, error = %e, "cannot watch the key; waiting by the holder's TTL instead");
-                Box::new(SleepWatch)
-            }
-        })
+        Some(watch_or_fallback(provider, key, watch_retry).await)
     };
     Ok((cancel_safe_try_acquire(provider, key, ttl).await?, watch))
+}
+
+/// A watch on `key`, or a stand-in when it cannot be set up: a watch that
+/// cannot be set up must not block a free key, so the try goes ahead. A
+/// transient failure (a connection cut while subscribing) is retried soon,
+/// with backoff; a lasting one (a user without pub/sub permission) waits by
+/// the holder's TTL.
+async fn watch_or_fallback<P>(
+    provider: &Arc<P>,
+    key: &LeaseKey,
+    watch_retry: &mut Duration,
+) -> Box<dyn KeyWatch>
+where
+    P: LeaseProvider + ?Sized + 'static,
+{
+    match provider.watch(key).await {
+        Ok(w) => {
+            *watch_retry = WATCH_RETRY_MIN;
+            w
+        }
+        Err(e) if e.is_transient() => {
+            tracing::debug!(key = %key, error = %e, retry = ?*watch_retry, "cannot watch the key now; trying again soon");
+            let w = RetryWatch { cap: *watch_retry };
+            *watch_retry = watch_retry.saturating_mul(2).min(WATCH_RETRY_MAX);
+            Box::new(w)
+        }
+        Err(e) => {
+            tracing::debug!(key = %key, error = %e, "cannot watch the key; waiting by the holder's TTL instead");
+            Box::new(SleepWatch)
+        }
+    }
 }
 
 async fn cancel_safe_try_acquire<P>(

@@ -130,6 +130,9 @@ impl LeaseProvider for Counting {
     fn namespace(&self) -> &str {
         self.inner.namespace()
     }
+    fn watch_reports_state(&self) -> bool {
+        self.inner.watch_reports_state()
+    }
     async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> LeaseResult<TryAcquire> {
         self.inner.try_acquire(key, ttl).await
     }

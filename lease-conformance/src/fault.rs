@@ -55,6 +55,9 @@ impl LeaseProvider for Partition {
     fn namespace(&self) -> &str {
         self.inner.namespace()
     }
+    fn watch_reports_state(&self) -> bool {
+        self.inner.watch_reports_state()
+    }
     async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
         self.check()?;
         self.inner.try_acquire(key, ttl).await
@@ -118,6 +121,9 @@ impl LeaseProvider for Instrumented {
     }
     fn namespace(&self) -> &str {
         self.inner.namespace()
+    }
+    fn watch_reports_state(&self) -> bool {
+        self.inner.watch_reports_state()
     }
     async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
         self.try_acquires.fetch_add(1, Ordering::SeqCst);

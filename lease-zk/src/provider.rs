@@ -993,6 +993,12 @@ impl LeaseProvider for ZkProvider {
         tracker.reopen();
     }
 
+    /// The exists watch reports whether the holder node is there as it
+    /// registers: a release before it is seen, so `acquire` tries first.
+    fn watch_reports_state(&self) -> bool {
+        true
+    }
+
     async fn watch(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {
         let client = self.client().await?;
         let paths = self.paths(key);

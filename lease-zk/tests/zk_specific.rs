@@ -388,3 +388,62 @@ async fn own_leases_extend_and_release_in_one_request_each() {
     assert!(p.inspect(&k).await.unwrap().is_none());
     assert!(packets_received(zk.port()) - before >= 2);
 }
+
+/// Waits until the server has received nothing new for a while but our own
+/// `srvr` (which counts as one): every client is parked.
+async fn quiet(port: u16) -> u64 {
+    let mut last = packets_received(port);
+    loop {
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        let now = packets_received(port);
+        if now <= last + 1 {
+            return now;
+        }
+        last = now;
+    }
+}
+
+/// After the release's notification, a waiter takes the key with one request
+/// (its claim multi): the exists watch reports the key's state, so the
+/// waiter does not set a new watch before trying. Counted by the server over
+/// several handoffs: the release and the claim, two requests each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_woken_waiter_takes_the_key_with_one_request() {
+    let zk = owned_zk();
+    let holder = Arc::new(ZkProvider::new(on_port(zk.port())).unwrap());
+    let waiter = Arc::new(ZkProvider::new(on_port(zk.port())).unwrap());
+    let k = LeaseKey::new("handoff").unwrap();
+    let rounds = 8u64;
+    let mut sent = 0;
+    for _ in 0..rounds {
+        let held = until_ok(|| holder.try_acquire(&k, TTL))
+            .await
+            .into_lease()
+            .unwrap();
+        let (w, key) = (Arc::clone(&waiter), k.clone());
+        let waiting = tokio::spawn(async move {
+            acquire(
+                &w,
+                &key,
+                AcquireOptions::ttl(TTL).wait(Duration::from_secs(20)),
+            )
+            .await
+        });
+        let before = quiet(zk.port()).await;
+        holder.release(&held).await.unwrap();
+        let got = waiting
+            .await
+            .unwrap()
+            .unwrap()
+            .expect("the waiter got the key");
+        // Less the `srvr` itself.
+        sent += packets_received(zk.port()) - before - 1;
+        waiter.release(&got).await.unwrap();
+    }
+    // Two per handoff and our final `srvr`; a session ping may fall in.
+    // Watching before trying again costs three.
+    assert!(
+        sent <= 3 * rounds - 3,
+        "{sent} requests for {rounds} handoffs"
+    );
+}
