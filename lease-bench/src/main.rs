@@ -4,6 +4,9 @@
 //! Full run: `scripts/bench` (writes docs/BENCHMARKS.md, docs/benchmarks.json
 //! and SVG plots). CI runs `lease-bench --smoke` so it cannot rot.
 
+#[cfg(feature = "peers")]
+mod peers;
+mod proxy;
 mod raw;
 mod report;
 
@@ -18,7 +21,7 @@ use lease::{
     AcquireOptions, Capabilities, Lease, LeaseGuard, LeaseInfo, LeaseKey, LeaseProvider,
     Result as LeaseResult, Store, TryAcquire, acquire,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 #[derive(Parser, Clone)]
@@ -37,18 +40,32 @@ struct Opts {
         default_value = "memory,redis,redlock,postgres,etcd,zk"
     )]
     backends: Vec<String>,
+    /// Runs per backend; each figure is reported as the median run with the
+    /// spread over all runs (a 2-core machine is noisy).
+    #[arg(long)]
+    runs: Option<usize>,
+    /// Internal: run one backend once in this process and write its result
+    /// as JSON here (the parent runs each backend in a fresh process, so RSS
+    /// and caches are per backend).
+    #[arg(long, hide = true)]
+    child_json: Option<PathBuf>,
+    /// Internal: leave out the many-held-leases section (it runs in the first
+    /// run only: it takes minutes and measures no latency).
+    #[arg(long, hide = true)]
+    skip_many: bool,
 }
 
 /// Latency percentiles and throughput of one operation.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Stats {
     pub n: usize,
     pub p50_us: f64,
     pub p90_us: f64,
     pub p99_us: f64,
     pub ops_per_sec: f64,
-    /// Sorted samples in microseconds, for the CDF plot (not serialised).
-    #[serde(skip)]
+    /// Sorted samples in microseconds, for the CDF plot (passed from the
+    /// child process, left out of benchmarks.json).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub samples_us: Vec<f64>,
 }
 
@@ -75,7 +92,7 @@ pub fn stats(samples: &[Duration]) -> Stats {
     }
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Contention {
     pub tasks: usize,
     pub keys: usize,
@@ -83,7 +100,7 @@ pub struct Contention {
     pub longest_wait_ms: f64,
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Many {
     pub leases: usize,
     pub seconds: f64,
@@ -94,9 +111,24 @@ pub struct Many {
     pub peak_rss_mib: f64,
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
+/// Round trips per operation, counted on the wire by a proxy (see `proxy`):
+/// acquire, extend, release; per node for Redlock.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct RoundTrips {
+    pub ours: [f64; 3],
+    /// Acquire of a key never used before in this namespace.
+    pub first_use: f64,
+    pub raw: Option<[f64; 3]>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct BackendResult {
     pub backend: String,
+    pub raw_acquire_release: Option<Stats>,
+    pub raw_handoff: Option<Stats>,
+    pub round_trips: Option<RoundTrips>,
+    /// Peak RSS of the process that ran this backend alone (MiB).
+    pub peak_rss_mib: f64,
     pub acquire: Stats,
     pub release: Stats,
     pub extend: Stats,
@@ -206,6 +238,9 @@ fn key(prefix: &str, i: usize) -> LeaseKey {
     LeaseKey::new(format!("{prefix}-{i}")).expect("valid benchmark key")
 }
 
+/// How many keys the uncontended rounds cycle through.
+const REUSED_KEYS: usize = 16;
+
 struct Sizes {
     ops: usize,
     handoffs: usize,
@@ -235,17 +270,23 @@ async fn bench_backend(
         backend: name.into(),
         ..BackendResult::default()
     };
-    // Warm up connections, scripts, tables.
-    for i in 0..20.min(sizes.ops) {
-        if let Some(l) = p.try_acquire(&key("warm", i), ttl).await?.into_lease() {
+    // Warm up connections, scripts, tables and the reused keys.
+    for i in 0..REUSED_KEYS {
+        if let Some(l) = p
+            .try_acquire(&key("uncontended", i), ttl)
+            .await?
+            .into_lease()
+        {
             p.release(&l).await?;
         }
     }
 
     progress.step(&format!("{name}: acquire, extend, release"));
     let (mut acq, mut ext, mut rel, mut both) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    // Keys are reused, as a service's resources are (a settlement batch, a
+    // cron slice); each is free again when its turn comes.
     for i in 0..sizes.ops {
-        let k = key("uncontended", i);
+        let k = key("uncontended", i % REUSED_KEYS);
         let t = Instant::now();
         let lease = p
             .try_acquire(&k, ttl)
@@ -272,7 +313,7 @@ async fn bench_backend(
         r.raw_name = Some(raw.name().into());
         let (mut acq, mut ext, mut rel) = (Vec::new(), Vec::new(), Vec::new());
         for i in 0..sizes.ops {
-            let k = format!("{ns}-raw-{i}");
+            let k = format!("{ns}-raw-{}", i % REUSED_KEYS);
             let t = Instant::now();
             raw.acquire(&k, ttl).await?;
             let t1 = Instant::now();
@@ -284,9 +325,23 @@ async fn bench_backend(
             ext.push(t2 - t1);
             rel.push(t3 - t2);
         }
+        let both: Vec<Duration> = acq.iter().zip(&rel).map(|(a, b)| *a + *b).collect();
         r.raw_acquire = Some(stats(&acq));
         r.raw_extend = Some(stats(&ext));
         r.raw_release = Some(stats(&rel));
+        r.raw_acquire_release = Some(stats(&both));
+        progress.step(&format!("{name}: raw handoff"));
+        r.raw_handoff = raw
+            .handoff(&format!("{ns}-raw-handoff"), sizes.handoffs)
+            .await?
+            .map(|h| stats(&h));
+    } else {
+        progress.step(&format!("{name}: (no raw handoff)"));
+    }
+
+    progress.step(&format!("{name}: round trips on the wire"));
+    if store != Store::Memory {
+        r.round_trips = Some(round_trips(name, &ns, ttl, sizes.ops.min(200)).await?);
     }
 
     progress.step(&format!("{name}: peer lock"));
@@ -294,7 +349,7 @@ async fn bench_backend(
         r.peer_name = Some(peer.name().into());
         let mut both = Vec::new();
         for i in 0..sizes.ops {
-            let k = format!("{ns}-peer-{i}");
+            let k = format!("{ns}-peer-{}", i % REUSED_KEYS);
             let t = Instant::now();
             peer.lock(&k).await?;
             peer.unlock(&k).await?;
@@ -364,7 +419,84 @@ async fn bench_backend(
             Err(e) => r.errors.push(format!("{n} held leases: {e}")),
         }
     }
+    r.peak_rss_mib = peak_rss_mib();
     Ok(r)
+}
+
+/// Acquire, extend and release of `n` keys each, through proxies that count
+/// turns on the wire; ours and the raw floor.
+async fn round_trips(name: &str, ns: &str, ttl: Duration, n: usize) -> LeaseResult<RoundTrips> {
+    let (url, proxies) = proxy::proxied(&store_url(name)).await?;
+    let store = Store::parse(&url)?;
+    let p = store.build(
+        &format!("{ns}-rt"),
+        Duration::from_secs(2),
+        Duration::from_secs(5),
+    )?;
+    let keys: Vec<LeaseKey> = (0..n).map(|i| key("rt", i)).collect();
+    // Warm up: connections, scripts, statements, the table, and every key
+    // (a key's first use costs more on ZooKeeper: its key node is created
+    // once, see "first use" in the report).
+    let mut first_use = 0.0;
+    for k in &keys {
+        let t = proxy::turns_per_node(&proxies);
+        let got = p.try_acquire(k, ttl).await?.into_lease();
+        first_use += proxy::turns_per_node(&proxies) - t;
+        if let Some(l) = got {
+            p.release(&l).await?;
+        }
+    }
+    let first_use = first_use / n.max(1) as f64;
+    let per_op = |before: f64| (proxy::turns_per_node(&proxies) - before) / n as f64;
+    let t = proxy::turns_per_node(&proxies);
+    let mut leases = Vec::with_capacity(n);
+    for k in &keys {
+        leases.push(
+            p.try_acquire(k, ttl)
+                .await?
+                .into_lease()
+                .ok_or_else(|| lease::LeaseError::protocol("held"))?,
+        );
+    }
+    let acquire = per_op(t);
+    let t = proxy::turns_per_node(&proxies);
+    for l in &mut leases {
+        *l = p.extend(l, ttl).await?;
+    }
+    let extend = per_op(t);
+    let t = proxy::turns_per_node(&proxies);
+    for l in &leases {
+        p.release(l).await?;
+    }
+    let release = per_op(t);
+    let raw = match raw::raw_for(name, &store).await? {
+        Some(mut raw) => {
+            let raw_keys: Vec<String> = (0..n).map(|i| format!("{ns}-rt-raw-{i}")).collect();
+            for k in &raw_keys {
+                raw.acquire(k, ttl).await?;
+                raw.release(k).await?;
+            }
+            let mut out = [0.0; 3];
+            for (phase, slot) in out.iter_mut().enumerate() {
+                let t = proxy::turns_per_node(&proxies);
+                for k in &raw_keys {
+                    match phase {
+                        0 => raw.acquire(k, ttl).await?,
+                        1 => raw.extend(k, ttl).await?,
+                        _ => raw.release(k).await?,
+                    }
+                }
+                *slot = (proxy::turns_per_node(&proxies) - t) / n.max(1) as f64;
+            }
+            Some(out)
+        }
+        None => None,
+    };
+    Ok(RoundTrips {
+        ours: [acquire, extend, release],
+        first_use,
+        raw,
+    })
 }
 
 async fn contention(
@@ -486,6 +618,35 @@ async fn many(p: &Arc<dyn LeaseProvider>, n: usize, hold_for: Duration) -> Lease
     })
 }
 
+/// Runs one backend once in a fresh copy of this program and reads back its
+/// result.
+fn run_child(backend: &str, smoke: bool, skip_many: bool) -> Result<BackendResult, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let json = std::env::temp_dir().join(format!(
+        "lease-bench-{}-{backend}.json",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("--backends")
+        .arg(backend)
+        .arg("--child-json")
+        .arg(&json);
+    if smoke {
+        cmd.arg("--smoke");
+    }
+    if skip_many {
+        cmd.arg("--skip-many");
+    }
+    let status = cmd.status().map_err(|e| e.to_string())?;
+    let read = std::fs::read(&json);
+    let _ = std::fs::remove_file(&json);
+    if !status.success() {
+        return Err(format!("its process ended with {status}"));
+    }
+    let bytes = read.map_err(|e| e.to_string())?;
+    serde_json::from_slice(&bytes).map_err(|e| e.to_string())
+}
+
 #[tokio::main]
 async fn main() {
     let opts = Opts::parse();
@@ -506,28 +667,72 @@ async fn main() {
             many_for: Duration::from_secs(60),
         }
     };
-    let per_backend = 7 + sizes.many.len();
-    let mut progress = Progress {
-        done: 0,
-        total: per_backend * opts.backends.len(),
+    let sizes = if opts.skip_many {
+        Sizes {
+            many: Vec::new(),
+            ..sizes
+        }
+    } else {
+        sizes
     };
-    let mut results = Vec::new();
-    let mut failures = Vec::new();
-    for b in &opts.backends {
-        match bench_backend(b, &sizes, &mut progress).await {
-            Ok(r) => results.push(r),
+    if let Some(json) = &opts.child_json {
+        // One backend, once, in this fresh process.
+        let Some(b) = opts.backends.first() else {
+            std::process::exit(2);
+        };
+        let mut progress = Progress {
+            done: 0,
+            total: 9 + sizes.many.len(),
+        };
+        let r = match bench_backend(b, &sizes, &mut progress).await {
+            Ok(r) => r,
             Err(e) => {
                 eprintln!("\nlease-bench: {b} failed: {e}");
-                failures.push(format!("{b}: {e}"));
+                std::process::exit(1);
+            }
+        };
+        let written = serde_json::to_vec(&r)
+            .map_err(std::io::Error::other)
+            .and_then(|bytes| std::fs::write(json, bytes));
+        if let Err(e) = written {
+            eprintln!("lease-bench: cannot write {}: {e}", json.display());
+            std::process::exit(1);
+        }
+        return;
+    }
+    let runs = opts.runs.unwrap_or(if opts.smoke { 1 } else { 3 }).max(1);
+    let load_start = report::load();
+    // runs[i] holds every backend's result of run i.
+    let mut all: Vec<Vec<BackendResult>> = Vec::new();
+    let mut failures = Vec::new();
+    for run in 0..runs {
+        let mut this_run = Vec::new();
+        for b in &opts.backends {
+            eprintln!("lease-bench: run {}/{runs}, {b}", run + 1);
+            match run_child(b, opts.smoke, run > 0) {
+                Ok(r) => this_run.push(r),
+                Err(e) => {
+                    eprintln!("lease-bench: {b} failed: {e}");
+                    failures.push(format!("{b} (run {}): {e}", run + 1));
+                }
             }
         }
+        all.push(this_run);
     }
+    let load_end = report::load();
+    let results = report::median_runs(&opts.backends, &all);
     failures.extend(
         results
             .iter()
             .flat_map(|r| r.errors.iter().map(move |e| format!("{}: {e}", r.backend))),
     );
-    if let Err(e) = report::write(&opts.out, &results, opts.smoke, &failures) {
+    let meta = report::Meta {
+        runs,
+        load_start,
+        load_end,
+        all: &all,
+    };
+    if let Err(e) = report::write(&opts.out, &results, opts.smoke, &failures, &meta) {
         eprintln!("lease-bench: cannot write the report: {e}");
         std::process::exit(1);
     }

@@ -10,7 +10,7 @@ use lease::{LeaseError, Result, Store};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
-fn err(e: impl std::fmt::Display) -> LeaseError {
+pub(crate) fn err(e: impl std::fmt::Display) -> LeaseError {
     LeaseError::protocol(e.to_string())
 }
 
@@ -20,6 +20,29 @@ pub trait Raw: Send {
     async fn acquire(&mut self, key: &str, ttl: Duration) -> Result<()>;
     async fn extend(&mut self, key: &str, ttl: Duration) -> Result<()>;
     async fn release(&mut self, key: &str) -> Result<()>;
+    /// The handoff floor: rounds of hold, a second client waits on the
+    /// store's own notification, release at t0, the waiter holds at t1;
+    /// t1 - t0 per round. `None` where there is no single-store floor.
+    async fn handoff(&mut self, _key: &str, _rounds: usize) -> Result<Option<Vec<Duration>>> {
+        Ok(None)
+    }
+}
+
+/// Measures `rounds` handoffs: `$hold` takes the key, `$waiter()` (spawned)
+/// waits for it and returns when it holds it, `$release` frees it at t0.
+macro_rules! handoff_rounds {
+    ($rounds:expr, $hold:block, $waiter:expr, $release:block) => {{
+        let mut out = Vec::new();
+        for _ in 0..$rounds {
+            $hold;
+            let task = tokio::spawn($waiter());
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            let t0 = Instant::now();
+            $release;
+            out.push(task.await.map_err(err)?? - t0);
+        }
+        out
+    }};
 }
 
 #[async_trait]
@@ -40,6 +63,7 @@ fn ms(d: Duration) -> u64 {
 
 struct RedisRaw {
     conns: Vec<redis::aio::ConnectionManager>,
+    urls: Vec<String>,
     name: &'static str,
 }
 
@@ -89,101 +113,97 @@ impl Raw for RedisRaw {
         c.arg(key);
         self.all(c).await
     }
-}
-
-/// The classic recipe that Redlock-style crates use on each node: SET NX PX to
-/// take, a compare-and-delete script to give back, and a retry every 50 ms to
-/// wait (they have no notifications).
-struct RedisClassic {
-    raw: RedisRaw,
-    waiter: RedisRaw,
-}
-
-const CAD: &str =
-    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
-
-impl RedisClassic {
-    async fn try_take(raw: &mut RedisRaw, key: &str, owner: &str) -> Result<bool> {
-        let mut ok = 0;
-        for c in &mut raw.conns {
-            let r: Option<String> = redis::cmd("SET")
-                .arg(key)
-                .arg(owner)
-                .arg("NX")
-                .arg("PX")
-                .arg(30_000)
-                .query_async(c)
-                .await
-                .map_err(err)?;
-            ok += usize::from(r.is_some());
-        }
-        Ok(ok > raw.conns.len() / 2)
-    }
-    async fn give_back(raw: &mut RedisRaw, key: &str, owner: &str) -> Result<()> {
-        let script = redis::Script::new(CAD);
-        for c in &mut raw.conns {
-            let _: i64 = script
-                .key(key)
-                .arg(owner)
-                .invoke_async(c)
-                .await
-                .map_err(err)?;
-        }
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl Peer for RedisClassic {
-    fn name(&self) -> &'static str {
-        "SET NX + compare-and-delete, retry every 50 ms (the recipe of Redlock-style crates)"
-    }
-    async fn lock(&mut self, key: &str) -> Result<()> {
-        if Self::try_take(&mut self.raw, key, "peer").await? {
-            Ok(())
-        } else {
-            Err(err("held"))
-        }
-    }
-    async fn unlock(&mut self, key: &str) -> Result<()> {
-        Self::give_back(&mut self.raw, key, "peer").await
-    }
-    async fn handoff(&mut self, key: &str, rounds: usize) -> Result<Vec<Duration>> {
-        let mut out = Vec::new();
-        for _ in 0..rounds {
-            if !Self::try_take(&mut self.raw, key, "holder").await? {
-                return Err(err("handoff key held"));
-            }
-            let mut waiter = RedisRaw {
-                conns: self.waiter.conns.clone(),
-                name: "",
-            };
-            let k = key.to_owned();
-            let task = tokio::spawn(async move {
+    /// One node: DEL and PUBLISH in one pipeline; the waiter subscribes, then
+    /// tries SET NX, and tries again on each message.
+    async fn handoff(&mut self, key: &str, rounds: usize) -> Result<Option<Vec<Duration>>> {
+        let [url] = self.urls.as_slice() else {
+            return Ok(None);
+        };
+        let channel = format!("{key}:released");
+        let holder = self.conns[0].clone();
+        let (url, k, ch) = (url.clone(), key.to_owned(), channel.clone());
+        let waiter = move || {
+            let (url, k, ch) = (url.clone(), k.clone(), ch.clone());
+            async move {
+                use futures_util::StreamExt;
+                let client = redis::Client::open(url.as_str()).map_err(err)?;
+                let mut conn = client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .map_err(err)?;
+                let mut sub = client.get_async_pubsub().await.map_err(err)?;
+                sub.subscribe(&ch).await.map_err(err)?;
+                let mut messages = sub.on_message();
                 loop {
-                    if RedisClassic::try_take(&mut waiter, &k, "waiter").await? {
+                    let got: Option<String> = redis::cmd("SET")
+                        .arg(&k)
+                        .arg("waiter")
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(30_000)
+                        .query_async(&mut conn)
+                        .await
+                        .map_err(err)?;
+                    if got.is_some() {
                         let t1 = Instant::now();
-                        RedisClassic::give_back(&mut waiter, &k, "waiter").await?;
-                        return Ok::<_, LeaseError>(t1);
+                        let _: i64 = redis::cmd("DEL")
+                            .arg(&k)
+                            .query_async(&mut conn)
+                            .await
+                            .map_err(err)?;
+                        return Ok(t1);
                     }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    messages
+                        .next()
+                        .await
+                        .ok_or_else(|| err("subscription ended"))?;
                 }
-            });
-            tokio::time::sleep(Duration::from_millis(30)).await;
-            let t0 = Instant::now();
-            Self::give_back(&mut self.raw, key, "holder").await?;
-            let t1 = task.await.map_err(err)??;
-            out.push(t1 - t0);
-        }
-        Ok(out)
+            }
+        };
+        let (mut h1, mut h2) = (holder.clone(), holder);
+        let (k1, k2) = (key.to_owned(), key.to_owned());
+        let out = handoff_rounds!(
+            rounds,
+            {
+                let _: Option<String> = redis::cmd("SET")
+                    .arg(&k1)
+                    .arg("holder")
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(30_000)
+                    .query_async(&mut h1)
+                    .await
+                    .map_err(err)?;
+            },
+            waiter,
+            {
+                let _: (i64, i64) = redis::pipe()
+                    .cmd("DEL")
+                    .arg(&k2)
+                    .cmd("PUBLISH")
+                    .arg(&channel)
+                    .arg("1")
+                    .query_async(&mut h2)
+                    .await
+                    .map_err(err)?;
+            }
+        );
+        Ok(Some(out))
     }
 }
 
 // ---------- PostgreSQL ----------
 
+/// On a plain connection, not a pool: sqlx's pool pings each connection as
+/// it comes back, a second round trip the floor must not pay.
 struct PgRaw {
-    pool: sqlx::PgPool,
+    conn: sqlx::PgConnection,
+    url: String,
 }
+
+const PG_RAW_ACQUIRE: &str = "INSERT INTO lease_bench_raw (k, owner, expires) VALUES ($1, $3, clock_timestamp() + $2::bigint * interval '1 millisecond')
+             ON CONFLICT (k) DO UPDATE SET owner = EXCLUDED.owner, expires = EXCLUDED.expires
+             WHERE lease_bench_raw.expires <= clock_timestamp() RETURNING 1";
 
 async fn pg_pool(url: &str) -> Result<sqlx::PgPool> {
     sqlx::postgres::PgPoolOptions::new()
@@ -199,23 +219,20 @@ impl Raw for PgRaw {
         "one upsert / update / delete statement each, via sqlx"
     }
     async fn acquire(&mut self, key: &str, ttl: Duration) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO lease_bench_raw (k, owner, expires) VALUES ($1, 'o', clock_timestamp() + $2::bigint * interval '1 millisecond')
-             ON CONFLICT (k) DO UPDATE SET owner = EXCLUDED.owner, expires = EXCLUDED.expires
-             WHERE lease_bench_raw.expires <= clock_timestamp() RETURNING 1",
-        )
-        .bind(key)
-        .bind(i64::try_from(ms(ttl)).unwrap_or(i64::MAX))
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(err)?;
+        sqlx::query(PG_RAW_ACQUIRE)
+            .bind(key)
+            .bind(i64::try_from(ms(ttl)).unwrap_or(i64::MAX))
+            .bind("o")
+            .fetch_optional(&mut self.conn)
+            .await
+            .map_err(err)?;
         Ok(())
     }
     async fn extend(&mut self, key: &str, ttl: Duration) -> Result<()> {
         sqlx::query("UPDATE lease_bench_raw SET expires = clock_timestamp() + $2::bigint * interval '1 millisecond' WHERE k = $1 AND owner = 'o'")
             .bind(key)
             .bind(i64::try_from(ms(ttl)).unwrap_or(i64::MAX))
-            .execute(&self.pool)
+            .execute(&mut self.conn)
             .await
             .map_err(err)?;
         Ok(())
@@ -223,67 +240,72 @@ impl Raw for PgRaw {
     async fn release(&mut self, key: &str) -> Result<()> {
         sqlx::query("DELETE FROM lease_bench_raw WHERE k = $1 AND owner = 'o'")
             .bind(key)
-            .execute(&self.pool)
+            .execute(&mut self.conn)
             .await
             .map_err(err)?;
         Ok(())
     }
-}
-
-/// Session-level advisory locks: the technique of the `distributed-lock`
-/// family's PostgreSQL crate.
-struct PgAdvisory {
-    pool: sqlx::PgPool,
-    conn: sqlx::pool::PoolConnection<sqlx::Postgres>,
-}
-
-#[async_trait]
-impl Peer for PgAdvisory {
-    fn name(&self) -> &'static str {
-        "pg_try_advisory_lock / pg_advisory_unlock on one session (the technique of the distributed-lock crates)"
-    }
-    async fn lock(&mut self, key: &str) -> Result<()> {
-        let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtext($1))")
-            .bind(key)
-            .fetch_one(&mut *self.conn)
-            .await
-            .map_err(err)?;
-        if got { Ok(()) } else { Err(err("held")) }
-    }
-    async fn unlock(&mut self, key: &str) -> Result<()> {
-        let _: bool = sqlx::query_scalar("SELECT pg_advisory_unlock(hashtext($1))")
-            .bind(key)
-            .fetch_one(&mut *self.conn)
-            .await
-            .map_err(err)?;
-        Ok(())
-    }
-    async fn handoff(&mut self, key: &str, rounds: usize) -> Result<Vec<Duration>> {
-        let mut out = Vec::new();
-        for _ in 0..rounds {
-            self.lock(key).await?;
-            let mut waiter = self.pool.acquire().await.map_err(err)?;
-            let k = key.to_owned();
-            let task = tokio::spawn(async move {
-                sqlx::query("SELECT pg_advisory_lock(hashtext($1))")
-                    .bind(&k)
-                    .execute(&mut *waiter)
+    /// Release is one statement that deletes and notifies; the waiter
+    /// LISTENs, then runs the acquire upsert, and again on each notification.
+    async fn handoff(&mut self, key: &str, rounds: usize) -> Result<Option<Vec<Duration>>> {
+        use sqlx::Connection;
+        let mut holder = sqlx::PgConnection::connect(&self.url).await.map_err(err)?;
+        let mut holder2 = sqlx::PgConnection::connect(&self.url).await.map_err(err)?;
+        let (url, k) = (self.url.clone(), key.to_owned());
+        let waiter = move || {
+            let (url, k) = (url.clone(), k.clone());
+            async move {
+                let mut listener = sqlx::postgres::PgListener::connect(&url)
                     .await
                     .map_err(err)?;
-                let t1 = Instant::now();
-                let _: bool = sqlx::query_scalar("SELECT pg_advisory_unlock(hashtext($1))")
-                    .bind(&k)
-                    .fetch_one(&mut *waiter)
+                listener.listen("lease_bench_raw").await.map_err(err)?;
+                let mut conn = sqlx::PgConnection::connect(&url).await.map_err(err)?;
+                loop {
+                    let won = sqlx::query(PG_RAW_ACQUIRE)
+                        .bind(&k)
+                        .bind(30_000_i64)
+                        .bind("waiter")
+                        .fetch_optional(&mut conn)
+                        .await
+                        .map_err(err)?;
+                    if won.is_some() {
+                        let t1 = Instant::now();
+                        sqlx::query("DELETE FROM lease_bench_raw WHERE k = $1")
+                            .bind(&k)
+                            .execute(&mut conn)
+                            .await
+                            .map_err(err)?;
+                        return Ok(t1);
+                    }
+                    listener.recv().await.map_err(err)?;
+                }
+            }
+        };
+        let (k1, k2) = (key.to_owned(), key.to_owned());
+        let out = handoff_rounds!(
+            rounds,
+            {
+                sqlx::query(PG_RAW_ACQUIRE)
+                    .bind(&k1)
+                    .bind(30_000_i64)
+                    .bind("holder")
+                    .fetch_optional(&mut holder)
                     .await
                     .map_err(err)?;
-                Ok::<_, LeaseError>(t1)
-            });
-            tokio::time::sleep(Duration::from_millis(30)).await;
-            let t0 = Instant::now();
-            self.unlock(key).await?;
-            out.push(task.await.map_err(err)?? - t0);
-        }
-        Ok(out)
+            },
+            waiter,
+            {
+                sqlx::query(
+                    "WITH d AS (DELETE FROM lease_bench_raw WHERE k = $1 AND owner = 'holder' RETURNING 1)
+                     SELECT pg_notify('lease_bench_raw', $1) FROM d",
+                )
+                .bind(&k2)
+                .fetch_optional(&mut holder2)
+                .await
+                .map_err(err)?;
+            }
+        );
+        Ok(Some(out))
     }
 }
 
@@ -333,6 +355,61 @@ impl Raw for EtcdRaw {
             tokio::spawn(async move { c.lease_revoke(id).await });
         }
         Ok(())
+    }
+    /// Release is a delete; the waiter tries a create-if-absent txn and, when
+    /// it fails, watches the key from the revision after its failed try.
+    async fn handoff(&mut self, key: &str, rounds: usize) -> Result<Option<Vec<Duration>>> {
+        let client = self.client.clone();
+        let k = key.to_owned();
+        let waiter = move || {
+            let (mut c, k) = (client.clone(), k.clone());
+            async move {
+                loop {
+                    let txn = Txn::new()
+                        .when(vec![Compare::create_revision(
+                            k.as_str(),
+                            CompareOp::Equal,
+                            0,
+                        )])
+                        .and_then(vec![TxnOp::put(k.as_str(), "waiter", None)]);
+                    let r = c.txn(txn).await.map_err(err)?;
+                    if r.succeeded() {
+                        let t1 = Instant::now();
+                        c.delete(k.as_str(), None).await.map_err(err)?;
+                        return Ok(t1);
+                    }
+                    let rev = r.header().map_or(0, |h| h.revision());
+                    let mut stream = c
+                        .watch(
+                            k.as_str(),
+                            Some(etcd_client::WatchOptions::new().with_start_revision(rev + 1)),
+                        )
+                        .await
+                        .map_err(err)?;
+                    'events: while let Some(msg) = stream.message().await.map_err(err)? {
+                        if msg
+                            .events()
+                            .iter()
+                            .any(|e| e.event_type() == etcd_client::EventType::Delete)
+                        {
+                            break 'events;
+                        }
+                    }
+                }
+            }
+        };
+        let mut holder = self.client.clone();
+        let out = handoff_rounds!(
+            rounds,
+            {
+                holder.put(key, "holder", None).await.map_err(err)?;
+            },
+            waiter,
+            {
+                holder.delete(key, None).await.map_err(err)?;
+            }
+        );
+        Ok(Some(out))
     }
 }
 
@@ -393,6 +470,7 @@ impl Peer for EtcdLock {
 
 struct ZkRaw {
     client: zk::Client,
+    hosts: String,
 }
 
 fn zk_path(dir: &str, key: &str) -> String {
@@ -435,6 +513,48 @@ impl Raw for ZkRaw {
             .await
             .map_err(err)?;
         Ok(())
+    }
+    /// Release is a delete; the waiter tries to create the node and, when it
+    /// exists, sets an exists watch (which reports a node already gone).
+    async fn handoff(&mut self, key: &str, rounds: usize) -> Result<Option<Vec<Duration>>> {
+        let waiting = zk_client(&self.hosts).await?;
+        let path = zk_path("/lease-bench-raw", key);
+        let p = path.clone();
+        let waiter = move || {
+            let (c, p) = (waiting.clone(), p.clone());
+            async move {
+                let opts = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
+                loop {
+                    match c.create(&p, b"w", &opts).await {
+                        Ok(_) => {
+                            let t1 = Instant::now();
+                            c.delete(&p, None).await.map_err(err)?;
+                            return Ok(t1);
+                        }
+                        Err(zk::Error::NodeExists) => {
+                            let (stat, watcher) = c.check_and_watch_stat(&p).await.map_err(err)?;
+                            if stat.is_some() {
+                                watcher.changed().await;
+                            }
+                        }
+                        Err(e) => return Err(err(e)),
+                    }
+                }
+            }
+        };
+        let opts = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
+        let client = self.client.clone();
+        let out = handoff_rounds!(
+            rounds,
+            {
+                client.create(&path, b"h", &opts).await.map_err(err)?;
+            },
+            waiter,
+            {
+                client.delete(&path, None).await.map_err(err)?;
+            }
+        );
+        Ok(Some(out))
     }
 }
 
@@ -528,10 +648,12 @@ pub async fn raw_for(name: &str, store: &Store) -> Result<Option<Box<dyn Raw>>> 
     Ok(match store {
         Store::Redis(url) => Some(Box::new(RedisRaw {
             conns: redis_conns(std::slice::from_ref(url)).await?,
+            urls: vec![url.clone()],
             name: "SET NX PX / PEXPIRE / DEL, one command each, via redis",
         })),
         Store::Redlock(urls) => Some(Box::new(RedisRaw {
             conns: redis_conns(urls).await?,
+            urls: urls.clone(),
             name: "SET NX PX / PEXPIRE / DEL on every node in parallel, via redis",
         })),
         Store::Postgres { url, .. } => {
@@ -540,7 +662,12 @@ pub async fn raw_for(name: &str, store: &Store) -> Result<Option<Box<dyn Raw>>> 
                 .execute(&pool)
                 .await
                 .map_err(err)?;
-            Some(Box::new(PgRaw { pool }))
+            use sqlx::Connection;
+            drop(pool);
+            Some(Box::new(PgRaw {
+                conn: sqlx::PgConnection::connect(url).await.map_err(err)?,
+                url: url.clone(),
+            }))
         }
         Store::Etcd { endpoints: eps, .. } => Some(Box::new(EtcdRaw {
             client: etcd_client::Client::connect(eps, None).await.map_err(err)?,
@@ -549,7 +676,10 @@ pub async fn raw_for(name: &str, store: &Store) -> Result<Option<Box<dyn Raw>>> 
         Store::Zk { hosts, .. } => {
             let client = zk_client(hosts).await?;
             zk_dir(&client, "/lease-bench-raw").await?;
-            Some(Box::new(ZkRaw { client }))
+            Some(Box::new(ZkRaw {
+                client,
+                hosts: hosts.clone(),
+            }))
         }
         _ => {
             let _ = name;
@@ -560,30 +690,15 @@ pub async fn raw_for(name: &str, store: &Store) -> Result<Option<Box<dyn Raw>>> 
 
 pub async fn peer_for(name: &str, store: &Store) -> Result<Option<Box<dyn Peer>>> {
     Ok(match store {
-        Store::Redis(url) => Some(Box::new(RedisClassic {
-            raw: RedisRaw {
-                conns: redis_conns(std::slice::from_ref(url)).await?,
-                name: "",
-            },
-            waiter: RedisRaw {
-                conns: redis_conns(std::slice::from_ref(url)).await?,
-                name: "",
-            },
-        })),
-        Store::Redlock(urls) => Some(Box::new(RedisClassic {
-            raw: RedisRaw {
-                conns: redis_conns(urls).await?,
-                name: "",
-            },
-            waiter: RedisRaw {
-                conns: redis_conns(urls).await?,
-                name: "",
-            },
-        })),
+        #[cfg(feature = "peers")]
+        Store::Redis(url) => Some(Box::new(crate::peers::RsLock::new(std::slice::from_ref(
+            url,
+        )))),
+        #[cfg(feature = "peers")]
+        Store::Redlock(urls) => Some(Box::new(crate::peers::RsLock::new(urls))),
+        #[cfg(feature = "peers")]
         Store::Postgres { url, .. } => {
-            let pool = pg_pool(url).await?;
-            let conn = pool.acquire().await.map_err(err)?;
-            Some(Box::new(PgAdvisory { pool, conn }))
+            Some(Box::new(crate::peers::DistributedLockPg::new(url).await?))
         }
         Store::Etcd { endpoints: eps, .. } => Some(Box::new(EtcdLock {
             client: etcd_client::Client::connect(eps, None).await.map_err(err)?,

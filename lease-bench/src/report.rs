@@ -5,6 +5,77 @@ use std::path::Path;
 
 use crate::{BackendResult, Stats};
 
+/// What the parent knows about the whole run.
+pub struct Meta<'a> {
+    pub runs: usize,
+    pub load_start: String,
+    pub load_end: String,
+    /// Every run's results (run, then backend).
+    pub all: &'a [Vec<BackendResult>],
+}
+
+/// The load averages (1, 5, 15 min) from /proc/loadavg.
+pub fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// Per backend, the run whose acquire+release p50 is the median of its runs:
+/// the detailed tables show that run, the spread table all of them.
+pub fn median_runs(backends: &[String], all: &[Vec<BackendResult>]) -> Vec<BackendResult> {
+    backends
+        .iter()
+        .filter_map(|b| {
+            let mut runs: Vec<&BackendResult> = all
+                .iter()
+                .flat_map(|run| run.iter().filter(|r| &r.backend == b))
+                .collect();
+            runs.sort_by(|x, y| {
+                x.acquire_release
+                    .p50_us
+                    .total_cmp(&y.acquire_release.p50_us)
+            });
+            runs.get(runs.len() / 2).map(|r| (*r).clone())
+        })
+        .collect()
+}
+
+/// "median [min-max]" of `f` over every run of `backend`, or "n/a".
+fn spread(
+    meta: &Meta<'_>,
+    backend: &str,
+    f: impl Fn(&BackendResult) -> Option<f64>,
+) -> (Option<f64>, String) {
+    let mut v: Vec<f64> = meta
+        .all
+        .iter()
+        .flat_map(|run| run.iter().filter(|r| r.backend == backend))
+        .filter_map(f)
+        .collect();
+    if v.is_empty() {
+        return (None, "n/a".into());
+    }
+    v.sort_by(f64::total_cmp);
+    let median = v[v.len() / 2];
+    let (lo, hi) = (v[0], v[v.len() - 1]);
+    let text = if v.len() > 1 {
+        format!("{median:.0} [{lo:.0}-{hi:.0}]")
+    } else {
+        format!("{median:.0}")
+    };
+    (Some(median), text)
+}
+
+fn check(value: Option<f64>, bound: f64) -> String {
+    match value {
+        Some(v) if v <= bound => format!("{v:.2}x ✓"),
+        Some(v) => format!("{v:.2}x ✗"),
+        None => "n/a".into(),
+    }
+}
+
 fn ratio(ours: &Stats, raw: Option<&Stats>) -> String {
     match raw {
         Some(r) if r.p50_us > 0.0 => format!("{:.2}x", ours.p50_us / r.p50_us),
@@ -54,11 +125,40 @@ pub fn write(
     results: &[BackendResult],
     smoke: bool,
     failures: &[String],
+    meta: &Meta<'_>,
 ) -> std::io::Result<()> {
     std::fs::create_dir_all(out)?;
+    let strip = |r: &BackendResult| {
+        let mut r = r.clone();
+        for s in [
+            Some(&mut r.acquire),
+            Some(&mut r.release),
+            Some(&mut r.extend),
+            Some(&mut r.acquire_release),
+            Some(&mut r.handoff),
+            r.raw_acquire.as_mut(),
+            r.raw_release.as_mut(),
+            r.raw_extend.as_mut(),
+            r.raw_acquire_release.as_mut(),
+            r.raw_handoff.as_mut(),
+            r.peer_acquire_release.as_mut(),
+            r.peer_handoff.as_mut(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            s.samples_us.clear();
+        }
+        r
+    };
+    let runs: Vec<Vec<BackendResult>> = meta
+        .all
+        .iter()
+        .map(|run| run.iter().map(strip).collect())
+        .collect();
     std::fs::write(
         out.join("benchmarks.json"),
-        serde_json::to_string_pretty(results).map_err(std::io::Error::other)?,
+        serde_json::to_string_pretty(&runs).map_err(std::io::Error::other)?,
     )?;
     std::fs::write(out.join("bench-latency-cdf.svg"), cdf_svg(results))?;
     std::fs::write(out.join("bench-handoff.svg"), handoff_svg(results))?;
@@ -73,11 +173,16 @@ pub fn write(
     }
     let _ = writeln!(
         md,
-        "Regenerate with `scripts/bench` (starts the loopback stores, runs `cargo run --release -p lease-bench -- --out docs`).\n\n\
-         - Machine: {}\n- Date: {}\n- lease {}; all latencies in microseconds (p50 / p90 / p99), one client task, uncontended unless said.\n",
+        "Regenerate with `scripts/bench` (starts the loopback stores, runs `cargo run --release -p lease-bench --features peers -- --out docs`).\n\n\
+         - Machine: {}\n- Date: {}\n- lease {}; all latencies in microseconds (p50 / p90 / p99), one client task, uncontended unless said.\n\
+         - {} run(s); each backend runs alone in a fresh process per run. The tables after the first show the median run of each backend (by acquire+release p50).\n\
+         - Load average (1 / 5 / 15 min) at the start: {}; at the end: {}.\n",
         machine(),
         today(),
-        env!("CARGO_PKG_VERSION")
+        env!("CARGO_PKG_VERSION"),
+        meta.runs,
+        meta.load_start,
+        meta.load_end
     );
     let _ = writeln!(
         md,
@@ -96,7 +201,73 @@ pub fn write(
 
     let _ = writeln!(
         md,
-        "## 1-2. Uncontended operations, against the raw store commands\n"
+        "## 0. Targets, over every run: median [min-max] of the p50s, in microseconds\n"
+    );
+    let _ = writeln!(
+        md,
+        "Targets: acquire+release at most 1.2x the raw floor and at most 1.0x the peer crate; handoff at most 1.3x the raw handoff.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| backend | ours acquire+release | raw | peer | ours / raw | ours / peer | ours handoff | raw handoff | peer handoff | handoff ours / raw |"
+    );
+    let _ = writeln!(
+        md,
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    );
+    for r in results {
+        let b = r.backend.as_str();
+        let (ours, ours_t) = spread(meta, b, |r| Some(r.acquire_release.p50_us));
+        let (raw, raw_t) = spread(meta, b, |r| {
+            r.raw_acquire_release.as_ref().map(|s| s.p50_us)
+        });
+        let (peer, peer_t) = spread(meta, b, |r| {
+            r.peer_acquire_release.as_ref().map(|s| s.p50_us)
+        });
+        let (hand, hand_t) = spread(meta, b, |r| Some(r.handoff.p50_us));
+        let (raw_hand, raw_hand_t) = spread(meta, b, |r| r.raw_handoff.as_ref().map(|s| s.p50_us));
+        let (_, peer_hand_t) = spread(meta, b, |r| r.peer_handoff.as_ref().map(|s| s.p50_us));
+        let over = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+            _ => None,
+        };
+        let _ = writeln!(
+            md,
+            "| {b} | {ours_t} | {raw_t} | {peer_t} | {} | {} | {hand_t} | {raw_hand_t} | {peer_hand_t} | {} |",
+            check(over(ours, raw), 1.2),
+            check(over(ours, peer), 1.0),
+            check(over(hand, raw_hand), 1.3),
+        );
+    }
+
+    let _ = writeln!(
+        md,
+        "\n## Round trips per operation, counted on the wire\n\n\
+         A proxy in front of each store counts the times the client starts sending after the server last answered: \
+         one per round trip, however the client splits its writes. Per node for Redlock. Acquire, extend, release.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| backend | ours | ours, acquire of a key's first use | raw floor | peak RSS of the process (MiB) |"
+    );
+    let _ = writeln!(md, "| --- | --- | --- | --- | --- |");
+    for r in results {
+        let f = |x: [f64; 3]| format!("{:.2} / {:.2} / {:.2}", x[0], x[1], x[2]);
+        let rt = r.round_trips.as_ref();
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {:.0} |",
+            r.backend,
+            rt.map_or("n/a".into(), |t| f(t.ours)),
+            rt.map_or("n/a".into(), |t| format!("{:.2}", t.first_use)),
+            rt.and_then(|t| t.raw).map_or("n/a".into(), f),
+            r.peak_rss_mib
+        );
+    }
+
+    let _ = writeln!(
+        md,
+        "\n## 1-2. Uncontended operations, against the raw store commands\n"
     );
     let _ = writeln!(
         md,
@@ -125,19 +296,20 @@ pub fn write(
     );
     let _ = writeln!(
         md,
-        "| backend | ours acquire+release | peer acquire+release | ours / peer | ours handoff | peer handoff | peer |"
+        "| backend | ours acquire+release | peer acquire+release | ours / peer | ours handoff | raw handoff | peer handoff | peer |"
     );
-    let _ = writeln!(md, "| --- | --- | --- | --- | --- | --- | --- |");
+    let _ = writeln!(md, "| --- | --- | --- | --- | --- | --- | --- | --- |");
     for r in results {
         let peer = r.peer_acquire_release.as_ref();
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
             r.backend,
             lat(&r.acquire_release),
             peer.map_or("n/a".into(), lat),
             ratio(&r.acquire_release, peer),
             lat(&r.handoff),
+            r.raw_handoff.as_ref().map_or("n/a".into(), lat),
             r.peer_handoff.as_ref().map_or("n/a".into(), lat),
             r.peer_name.as_deref().unwrap_or("none")
         );
@@ -165,7 +337,9 @@ pub fn write(
         "| backend | leases | held for (s) | renewals/s | store calls per renewal period | lost | client CPU (s) | peak RSS (MiB) |"
     );
     let _ = writeln!(md, "| --- | --- | --- | --- | --- | --- | --- | --- |");
-    for r in results {
+    // Held leases run in the first run only.
+    let first = meta.all.first().map_or(results, Vec::as_slice);
+    for r in first {
         for m in &r.many {
             let _ = writeln!(
                 md,
@@ -185,7 +359,7 @@ pub fn write(
         md,
         "\nEach guard renews its own lease (one extend per lease per TTL/3) over the provider's shared connection or pool: \
          no connection per lease, but also no batching of renewals yet, so store calls per renewal period equal the number of \
-         leases. Peak RSS is the whole benchmark process's high-water mark."
+         leases. Peak RSS is the high-water mark of the process that ran this backend alone."
     );
     std::fs::write(out.join("BENCHMARKS.md"), md)
 }

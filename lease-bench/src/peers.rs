@@ -1,0 +1,145 @@
+//! The real peer crates, linked and run in this process (feature `peers`):
+//! rslock for Redis and Redlock, distributed-lock-postgres for PostgreSQL.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use distributed_lock_core::{DistributedLock, LockHandle, LockProvider};
+use distributed_lock_postgres::PostgresLockProvider;
+use distributed_lock_postgres::handle::PostgresLockHandle;
+use lease::LeaseError;
+use tokio::time::Instant;
+
+use lease::Result;
+
+use crate::raw::{Peer, err};
+
+const PEER_TTL: Duration = Duration::from_secs(30);
+
+/// rslock's `LockManager`: Redlock over one or more nodes, no notifications
+/// (a waiter retries after a random delay of up to its retry delay).
+pub struct RsLock {
+    manager: rslock::LockManager,
+    waiter: rslock::LockManager,
+    held: HashMap<String, rslock::Lock>,
+}
+
+impl RsLock {
+    pub fn new(urls: &[String]) -> Self {
+        let manager = || {
+            let mut m = rslock::LockManager::new(urls.to_vec());
+            // Waiting is `acquire_no_guard`, a loop of `lock`; each `lock`
+            // makes this many tries, the crate's defaults.
+            m.set_retry(3, Duration::from_millis(200));
+            m
+        };
+        RsLock {
+            manager: manager(),
+            waiter: manager(),
+            held: HashMap::new(),
+        }
+    }
+}
+
+#[async_trait]
+impl Peer for RsLock {
+    fn name(&self) -> &'static str {
+        "rslock 0.10 (LockManager::lock / unlock; waiting retries after up to 200 ms)"
+    }
+    async fn lock(&mut self, key: &str) -> Result<()> {
+        let lock = self
+            .manager
+            .lock(key.as_bytes(), PEER_TTL)
+            .await
+            .map_err(err)?;
+        self.held.insert(key.to_owned(), lock);
+        Ok(())
+    }
+    async fn unlock(&mut self, key: &str) -> Result<()> {
+        if let Some(lock) = self.held.remove(key) {
+            self.manager.unlock(&lock).await;
+        }
+        Ok(())
+    }
+    async fn handoff(&mut self, key: &str, rounds: usize) -> Result<Vec<Duration>> {
+        let mut out = Vec::new();
+        for _ in 0..rounds {
+            self.lock(key).await?;
+            let waiter = self.waiter.clone();
+            let k = key.to_owned();
+            let task = tokio::spawn(async move {
+                let lock = waiter
+                    .acquire_no_guard(k.as_bytes(), PEER_TTL)
+                    .await
+                    .map_err(err)?;
+                let t1 = Instant::now();
+                waiter.unlock(&lock).await;
+                Ok::<_, LeaseError>(t1)
+            });
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            let t0 = Instant::now();
+            self.unlock(key).await?;
+            out.push(task.await.map_err(err)?? - t0);
+        }
+        Ok(out)
+    }
+}
+
+/// distributed-lock-postgres: session-level advisory locks on a pooled
+/// connection; a waiter blocks in `pg_advisory_lock` on the server.
+pub struct DistributedLockPg {
+    provider: PostgresLockProvider,
+    held: HashMap<String, PostgresLockHandle>,
+}
+
+impl DistributedLockPg {
+    pub async fn new(url: &str) -> Result<Self> {
+        Ok(DistributedLockPg {
+            provider: PostgresLockProvider::new(url).await.map_err(err)?,
+            held: HashMap::new(),
+        })
+    }
+}
+
+#[async_trait]
+impl Peer for DistributedLockPg {
+    fn name(&self) -> &'static str {
+        "distributed-lock-postgres 0.2 (try_acquire / release: session advisory lock)"
+    }
+    async fn lock(&mut self, key: &str) -> Result<()> {
+        let handle = self
+            .provider
+            .create_lock(key)
+            .try_acquire()
+            .await
+            .map_err(err)?
+            .ok_or_else(|| err("held"))?;
+        self.held.insert(key.to_owned(), handle);
+        Ok(())
+    }
+    async fn unlock(&mut self, key: &str) -> Result<()> {
+        if let Some(h) = self.held.remove(key) {
+            h.release().await.map_err(err)?;
+        }
+        Ok(())
+    }
+    async fn handoff(&mut self, key: &str, rounds: usize) -> Result<Vec<Duration>> {
+        let mut out = Vec::new();
+        for _ in 0..rounds {
+            self.lock(key).await?;
+            let lock = self.provider.create_lock(key);
+            let task = tokio::spawn(async move {
+                let handle = lock.acquire(Some(PEER_TTL)).await.map_err(err)?;
+                let t1 = Instant::now();
+                handle.release().await.map_err(err)?;
+                Ok::<_, LeaseError>(t1)
+            });
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            let t0 = Instant::now();
+            self.unlock(key).await?;
+            out.push(task.await.map_err(err)?? - t0);
+        }
+        Ok(out)
+    }
+}
