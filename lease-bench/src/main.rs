@@ -49,9 +49,9 @@ struct Opts {
     /// and caches are per backend).
     #[arg(long, hide = true)]
     child_json: Option<PathBuf>,
-    /// Internal: leave out the many-held-leases section (it runs in the first
-    /// run only: it takes minutes and measures no latency).
-    #[arg(long, hide = true)]
+    /// Leave out the many-held-leases section (minutes per backend, no
+    /// latency figures). Without it, the section runs in the first run only.
+    #[arg(long)]
     skip_many: bool,
 }
 
@@ -709,7 +709,7 @@ async fn main() {
         let mut this_run = Vec::new();
         for b in &opts.backends {
             eprintln!("lease-bench: run {}/{runs}, {b}", run + 1);
-            match run_child(b, opts.smoke, run > 0) {
+            match run_child(b, opts.smoke, run > 0 || opts.skip_many) {
                 Ok(r) => this_run.push(r),
                 Err(e) => {
                     eprintln!("lease-bench: {b} failed: {e}");
