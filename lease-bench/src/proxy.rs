@@ -120,3 +120,49 @@ pub async fn proxied(url: &str) -> Result<(String, Vec<Proxy>)> {
 pub fn turns_per_node(proxies: &[Proxy]) -> f64 {
     proxies.iter().map(Proxy::turns).sum::<u64>() as f64 / proxies.len().max(1) as f64
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An echo server behind the proxy: each request and its answer is one
+    /// turn, however the client split the request into writes.
+    #[tokio::test]
+    async fn a_turn_is_a_request_and_its_answer() {
+        let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let target = echo.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = echo.accept().await {
+                // Answers each 4-byte request whole, as a store answers a
+                // command only once it has all of it.
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4];
+                    while s.read_exact(&mut buf).await.is_ok() {
+                        if s.write_all(&buf).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        let proxy = Proxy::start(target).await.unwrap();
+        let mut c = TcpStream::connect(proxy.addr).await.unwrap();
+        let mut buf = [0u8; 8];
+        for _ in 0..3 {
+            c.write_all(b"ab").await.unwrap();
+            c.write_all(b"cd").await.unwrap();
+            let mut got = 0;
+            while got < 4 {
+                got += c.read(&mut buf[got..]).await.unwrap();
+            }
+        }
+        assert_eq!(proxy.turns(), 3);
+        let (url, proxies) = proxied(&format!("redis://127.0.0.1:{}/0", target.port()))
+            .await
+            .unwrap();
+        assert_eq!(
+            url,
+            format!("redis://127.0.0.1:{}/0", proxies[0].addr.port())
+        );
+    }
+}
