@@ -21,7 +21,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgConnection};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgDatabaseError, PgSeverity};
 use sqlx::{ConnectOptions, Connection};
 use tokio::sync::{Mutex, MutexGuard};
 use tokio::time::Instant;
@@ -50,12 +50,20 @@ pub(crate) struct Checkout<'a> {
 }
 
 impl Conns {
-    pub(crate) fn new(options: PgConnectOptions, size: u32) -> Self {
+    /// `size` slots on connections made with `options`. Each statement on
+    /// them is limited on the server to `statement_limit` (the provider's
+    /// response timeout): when the client gives up on a statement it closes
+    /// the connection, but the server does not notice while the statement
+    /// waits (on a row lock, say). Without the limit, such orphans would pile
+    /// up past the server's connection limit under retries, and commit late
+    /// (an acquire nobody holds, announced to nobody).
+    pub(crate) fn new(options: PgConnectOptions, size: u32, statement_limit: Duration) -> Self {
         let size = usize::try_from(size.max(1)).unwrap_or(1);
+        let ms = statement_limit.as_millis().max(1);
         Conns {
             slots: (0..size).map(|_| Mutex::new(None)).collect(),
             next: AtomicUsize::new(0),
-            options,
+            options: options.options([("statement_timeout", ms.to_string())]),
         }
     }
 
@@ -113,9 +121,16 @@ impl Checkout<'_> {
     pub(crate) fn done<T>(self, result: &Result<T, sqlx::Error>) {
         let keep = match result {
             Ok(_) => true,
-            Err(sqlx::Error::Database(d)) => !d
-                .code()
-                .is_some_and(|c| c.starts_with("57P") || c.starts_with("08")),
+            // A FATAL or PANIC error ends the session whatever its code.
+            Err(sqlx::Error::Database(d)) => {
+                let fatal = d
+                    .try_downcast_ref::<PgDatabaseError>()
+                    .is_some_and(|p| matches!(p.severity(), PgSeverity::Fatal | PgSeverity::Panic));
+                !fatal
+                    && !d
+                        .code()
+                        .is_some_and(|c| c.starts_with("57P") || c.starts_with("08"))
+            }
             Err(_) => false,
         };
         let Checkout { mut slot, mut open } = self;

@@ -231,7 +231,11 @@ impl PostgresProvider {
         Ok(PostgresProvider {
             inner: Arc::new(Inner {
                 pool: OnceLock::new(),
-                conns: Conns::new(options.clone(), config.max_connections),
+                conns: Conns::new(
+                    options.clone(),
+                    config.max_connections,
+                    config.response_timeout,
+                ),
                 connect_options: options,
                 pool_options,
                 sql: Statements::new(&config.schema, &config.table),

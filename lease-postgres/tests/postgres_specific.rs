@@ -559,5 +559,15 @@ async fn a_statement_cut_off_by_the_timeout_does_not_block_the_next_operation() 
         started.elapsed()
     );
     b.release(&got).await.unwrap();
+    // The cut-off acquire must not linger on the server and commit once the
+    // row is free: a lease nobody holds, announced to nobody. The server's
+    // statement limit (the response timeout) ended it.
+    tokio::time::sleep(limit).await;
     drop(tx);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let now = a.inspect(&locked).await.unwrap();
+    assert!(
+        now.as_ref().is_none_or(|i| i.token == lease.token()),
+        "the cut-off acquire committed later: {now:?}"
+    );
 }

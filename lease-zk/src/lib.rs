@@ -62,10 +62,11 @@
 //! so the estimate is a lower bound of the server's clock: a takeover is never
 //! early and at most one round trip late, and `inspect` writes at most one
 //! probe per second per provider instead of one per call. `extend` of a lease
-//! past its local validity takes a fresh probe, so it never extends a lease the
-//! server already considers expired (while the lease is locally valid, the
-//! server cannot consider it expired: local validity is conservative). Taking
-//! over an
+//! past its local validity takes a fresh probe and refuses a lease the server
+//! considers expired. The check is made when the request leaves: a request held
+//! up past the lease's end (a pause between the check and the send) can still
+//! extend or release a lease that expired meanwhile, on either path, but never
+//! one somebody acquired since (the epoch check refuses that). Taking over an
 //! expired holder is one multi: delete the holder at the version that was judged
 //! expired, create ours, bump the key node's version. If leadership moves between
 //! the two writes, the judgement uses two servers' wall clocks; keep ZooKeeper
@@ -80,7 +81,9 @@
 //! `check(key node, epoch) + delete(holder)`: one round trip each. The
 //! provider remembers what it issued (key, owner, token, epoch, session), so a
 //! lease rebuilt with another owner or token, or one from another provider,
-//! never takes this path. Any other lease is read first: extend checks owner,
+//! never takes this path. `purge_namespaces` deletes key nodes, so their
+//! epochs start again: like every backend's purge (tokens restart too), it is
+//! only for namespaces nobody uses any more. Any other lease is read first: extend checks owner,
 //! czxid, session and expiry, then runs `check(key node, epoch) +
 //! setData(holder, version)`; release checks owner and czxid, then runs
 //! `check(key node, epoch) + delete(holder, version)`; release of a lease that already expired

@@ -719,23 +719,23 @@ impl ZkProvider {
         let lost = || LeaseError::lost(lease);
         let client = self.client().await?;
         let paths = self.paths(lease.key());
+        let Some(epoch) = key_version(lease) else {
+            return Err(lost());
+        };
         let sent_at = Instant::now();
         if self
             .inner
             .issued
-            .fast_path(lease, key_version(lease), client.session_id().0)
+            .fast_path(lease, epoch, client.session_id().0)
         {
             let mut w = client.new_multi_writer();
-            if let Err(e) = w
-                .add_check_version(&paths.key, key_version(lease))
-                .and_then(|()| {
-                    w.add_set_data(
-                        &paths.holder,
-                        &holder_data(lease.owner(), ttl, lease.holder()),
-                        None,
-                    )
-                })
-            {
+            if let Err(e) = w.add_check_version(&paths.key, epoch).and_then(|()| {
+                w.add_set_data(
+                    &paths.holder,
+                    &holder_data(lease.owner(), ttl, lease.holder()),
+                    None,
+                )
+            }) {
                 return Err(self.map_err(e));
             }
             return match self
@@ -773,7 +773,6 @@ impl ZkProvider {
         {
             return Err(lost());
         }
-        let epoch = key_version(lease);
         let mut w = client.new_multi_writer();
         if let Err(e) = w.add_check_version(&paths.key, epoch).and_then(|()| {
             // Keep the label the acquire recorded.
@@ -804,14 +803,17 @@ impl ZkProvider {
         let not_held = || LeaseError::not_held(lease);
         let client = self.client().await?;
         let paths = self.paths(lease.key());
+        let Some(epoch) = key_version(lease) else {
+            return Err(not_held());
+        };
         if self
             .inner
             .issued
-            .fast_path(lease, key_version(lease), client.session_id().0)
+            .fast_path(lease, epoch, client.session_id().0)
         {
             let mut w = client.new_multi_writer();
             if let Err(e) = w
-                .add_check_version(&paths.key, key_version(lease))
+                .add_check_version(&paths.key, epoch)
                 .and_then(|()| w.add_delete(&paths.holder, None))
             {
                 return Err(self.map_err(e));
@@ -846,7 +848,6 @@ impl ZkProvider {
         // Ours but expired: it is no longer held (C7). Still delete the node,
         // guarded like a release, so waiters wake now instead of at their timer.
         let expired = now >= stat.mtime + i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
-        let epoch = key_version(lease);
         let mut w = client.new_multi_writer();
         if let Err(e) = w
             .add_check_version(&paths.key, epoch)
@@ -1033,11 +1034,13 @@ impl KeyWatch for ZkWatch {
     }
 }
 
-/// The key node version a lease of ours was created under; -1 (no node has it)
-/// for a lease from another backend, so the version check fails.
-fn key_version(lease: &Lease) -> i32 {
+/// The key node version a lease of ours was created under; `None` for a
+/// lease of another backend (or a negative version, which no acquire hands
+/// out): such a lease holds nothing here. Never pass -1 on: to ZooKeeper it
+/// means "any version".
+fn key_version(lease: &Lease) -> Option<i32> {
     match lease.handle() {
-        LeaseHandle::ZkKeyVersion(v) => v,
-        _ => -1,
+        LeaseHandle::ZkKeyVersion(v) if v >= 0 => Some(v),
+        _ => None,
     }
 }

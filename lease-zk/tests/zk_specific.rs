@@ -447,3 +447,37 @@ async fn a_woken_waiter_takes_the_key_with_one_request() {
         "{sent} requests for {rounds} handoffs"
     );
 }
+
+/// A lease whose handle is not a ZooKeeper key version (rebuilt without it,
+/// or from another backend) holds nothing here: ZooKeeper reads version -1
+/// as "any version", so it must never reach a version check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_without_a_zookeeper_handle_touches_nothing() {
+    let zk = owned_zk();
+    let p = ZkProvider::new(on_port(zk.port())).unwrap();
+    let k = LeaseKey::new("no-handle").unwrap();
+    let held = until_ok(|| p.try_acquire(&k, TTL))
+        .await
+        .into_lease()
+        .unwrap();
+    let rebuilt = lease_api::Lease::new(
+        k.clone(),
+        held.token(),
+        held.owner(),
+        TTL,
+        tokio::time::Instant::now(),
+    );
+    assert!(matches!(
+        p.extend(&rebuilt, TTL).await,
+        Err(LeaseError::Lost { .. })
+    ));
+    assert!(matches!(
+        p.release(&rebuilt).await,
+        Err(LeaseError::NotHeld { .. })
+    ));
+    assert_eq!(
+        p.inspect(&k).await.unwrap().map(|i| i.token),
+        Some(held.token())
+    );
+    p.release(&held).await.unwrap();
+}
