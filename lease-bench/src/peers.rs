@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use lease::Result;
 
-use crate::raw::{Peer, err};
+use crate::raw::{Peer, err, handoff_rounds};
 
 const PEER_TTL: Duration = Duration::from_secs(30);
 
@@ -63,12 +63,10 @@ impl Peer for RsLock {
         Ok(())
     }
     async fn handoff(&mut self, key: &str, rounds: usize) -> Result<Vec<Duration>> {
-        let mut out = Vec::new();
-        for _ in 0..rounds {
-            self.lock(key).await?;
-            let waiter = self.waiter.clone();
-            let k = key.to_owned();
-            let task = tokio::spawn(async move {
+        let (waiter, k) = (self.waiter.clone(), key.to_owned());
+        let wait = move || {
+            let (waiter, k) = (waiter.clone(), k.clone());
+            async move {
                 let lock = waiter
                     .acquire_no_guard(k.as_bytes(), PEER_TTL)
                     .await
@@ -76,13 +74,11 @@ impl Peer for RsLock {
                 let t1 = Instant::now();
                 waiter.unlock(&lock).await;
                 Ok::<_, LeaseError>(t1)
-            });
-            tokio::time::sleep(Duration::from_millis(30)).await;
-            let t0 = Instant::now();
-            self.unlock(key).await?;
-            out.push(task.await.map_err(err)?? - t0);
-        }
-        Ok(out)
+            }
+        };
+        Ok(handoff_rounds!(rounds, { self.lock(key).await? }, wait, {
+            self.unlock(key).await?
+        }))
     }
 }
 
@@ -125,21 +121,18 @@ impl Peer for DistributedLockPg {
         Ok(())
     }
     async fn handoff(&mut self, key: &str, rounds: usize) -> Result<Vec<Duration>> {
-        let mut out = Vec::new();
-        for _ in 0..rounds {
-            self.lock(key).await?;
-            let lock = self.provider.create_lock(key);
-            let task = tokio::spawn(async move {
+        let lock = std::sync::Arc::new(self.provider.create_lock(key));
+        let wait = move || {
+            let lock = std::sync::Arc::clone(&lock);
+            async move {
                 let handle = lock.acquire(Some(PEER_TTL)).await.map_err(err)?;
                 let t1 = Instant::now();
                 handle.release().await.map_err(err)?;
                 Ok::<_, LeaseError>(t1)
-            });
-            tokio::time::sleep(Duration::from_millis(30)).await;
-            let t0 = Instant::now();
-            self.unlock(key).await?;
-            out.push(task.await.map_err(err)?? - t0);
-        }
-        Ok(out)
+            }
+        };
+        Ok(handoff_rounds!(rounds, { self.lock(key).await? }, wait, {
+            self.unlock(key).await?
+        }))
     }
 }

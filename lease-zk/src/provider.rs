@@ -723,66 +723,49 @@ impl ZkProvider {
             return Err(lost());
         };
         let sent_at = Instant::now();
-        if self
-            .inner
-            .issued
-            .fast_path(lease, epoch, client.session_id().0)
-        {
-            let mut w = client.new_multi_writer();
-            if let Err(e) = w.add_check_version(&paths.key, epoch).and_then(|()| {
-                w.add_set_data(
-                    &paths.holder,
-                    &holder_data(lease.owner(), ttl, lease.holder()),
-                    None,
-                )
-            }) {
-                return Err(self.map_err(e));
-            }
-            return match self
-                .bounded("extend", async { w.commit().await.map_err(multi_err) })
-                .await?
+        // The holder's new data, and the holder version it must still have.
+        let (data, holder_version) =
+            if self
+                .inner
+                .issued
+                .fast_path(lease, epoch, client.session_id().0)
             {
-                Ok(_) => Ok(bounded_validity(
-                    lease.renewed(ttl, sent_at),
-                    client.session_timeout(),
-                )),
-                Err(ZkError::BadVersion | ZkError::NoNode) => Err(lost()),
-                Err(e) => Err(self.map_err(e)),
+                // One of ours, on this session, valid: the epoch check alone
+                // proves nobody acquired since (see `issued`).
+                (holder_data(lease.owner(), ttl, lease.holder()), None)
+            } else {
+                let (current, now) = tokio::join!(
+                    self.bounded("get", client.get_data(&paths.holder)),
+                    self.server_now(&client)
+                );
+                let (data, stat) = match current? {
+                    Ok(v) => v,
+                    Err(ZkError::NoNode) => return Err(lost()),
+                    Err(e) => return Err(self.map_err(e)),
+                };
+                let now = now?;
+                let Some((owner, old_ttl, label)) = parse_holder(&data) else {
+                    return Err(lost());
+                };
+                let expires = stat.mtime + i64::try_from(old_ttl.as_millis()).unwrap_or(i64::MAX);
+                // The node must live on the session we renew through: a node left on
+                // an older session of ours dies with that session, whatever we extend.
+                if owner != lease.owner()
+                    || u64::try_from(stat.czxid).ok() != Some(lease.token().get())
+                    || stat.ephemeral_owner != client.session_id().0
+                    || now >= expires
+                {
+                    return Err(lost());
+                }
+                // Keep the label the acquire recorded.
+                let label = label.as_deref().unwrap_or(lease.holder());
+                (holder_data(owner, ttl, label), Some(stat.version))
             };
-        }
-        let (current, now) = tokio::join!(
-            self.bounded("get", client.get_data(&paths.holder)),
-            self.server_now(&client)
-        );
-        let (data, stat) = match current? {
-            Ok(v) => v,
-            Err(ZkError::NoNode) => return Err(lost()),
-            Err(e) => return Err(self.map_err(e)),
-        };
-        let now = now?;
-        let Some((owner, old_ttl, label)) = parse_holder(&data) else {
-            return Err(lost());
-        };
-        let expires = stat.mtime + i64::try_from(old_ttl.as_millis()).unwrap_or(i64::MAX);
-        // The node must live on the session we renew through: a node left on
-        // an older session of ours dies with that session, whatever we extend.
-        if owner != lease.owner()
-            || u64::try_from(stat.czxid).ok() != Some(lease.token().get())
-            || stat.ephemeral_owner != client.session_id().0
-            || now >= expires
-        {
-            return Err(lost());
-        }
         let mut w = client.new_multi_writer();
-        if let Err(e) = w.add_check_version(&paths.key, epoch).and_then(|()| {
-            // Keep the label the acquire recorded.
-            let label = label.as_deref().unwrap_or(lease.holder());
-            w.add_set_data(
-                &paths.holder,
-                &holder_data(owner, ttl, label),
-                Some(stat.version),
-            )
-        }) {
+        if let Err(e) = w
+            .add_check_version(&paths.key, epoch)
+            .and_then(|()| w.add_set_data(&paths.holder, &data, holder_version))
+        {
             return Err(self.map_err(e));
         }
         match self
@@ -806,52 +789,47 @@ impl ZkProvider {
         let Some(epoch) = key_version(lease) else {
             return Err(not_held());
         };
-        if self
-            .inner
-            .issued
-            .fast_path(lease, epoch, client.session_id().0)
-        {
-            let mut w = client.new_multi_writer();
-            if let Err(e) = w
-                .add_check_version(&paths.key, epoch)
-                .and_then(|()| w.add_delete(&paths.holder, None))
+        // The holder version the node must still have, and whether the lease
+        // already ran out (then the node still goes, so waiters wake now, but
+        // the answer is NotHeld, C7).
+        let (holder_version, expired) =
+            if self
+                .inner
+                .issued
+                .fast_path(lease, epoch, client.session_id().0)
             {
-                return Err(self.map_err(e));
-            }
-            return match self
-                .bounded("release", async { w.commit().await.map_err(multi_err) })
-                .await?
-            {
-                Ok(_) => Ok(()),
-                Err(ZkError::BadVersion | ZkError::NoNode) => Err(not_held()),
-                Err(e) => Err(self.map_err(e)),
+                // One of ours, on this session, valid: the epoch check alone
+                // proves nobody acquired since (see `issued`).
+                (None, false)
+            } else {
+                // Key node versions repeat across keys and namespaces: check that the
+                // holder node is this lease's (owner and czxid) before deleting it.
+                let (current, now) = tokio::join!(
+                    self.bounded("get", client.get_data(&paths.holder)),
+                    self.shared_now(&client)
+                );
+                let (data, stat) = match current? {
+                    Ok(v) => v,
+                    Err(ZkError::NoNode) => return Err(not_held()),
+                    Err(e) => return Err(self.map_err(e)),
+                };
+                let now = now?;
+                let Some((owner, ttl, _)) = parse_holder(&data) else {
+                    return Err(not_held());
+                };
+                if owner != lease.owner()
+                    || u64::try_from(stat.czxid).ok() != Some(lease.token().get())
+                {
+                    return Err(not_held());
+                }
+                let expired =
+                    now >= stat.mtime + i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+                (Some(stat.version), expired)
             };
-        }
-        // Key node versions repeat across keys and namespaces: check that the
-        // holder node is this lease's (owner and czxid) before deleting it.
-        let (current, now) = tokio::join!(
-            self.bounded("get", client.get_data(&paths.holder)),
-            self.shared_now(&client)
-        );
-        let (data, stat) = match current? {
-            Ok(v) => v,
-            Err(ZkError::NoNode) => return Err(not_held()),
-            Err(e) => return Err(self.map_err(e)),
-        };
-        let now = now?;
-        let Some((owner, ttl, _)) = parse_holder(&data) else {
-            return Err(not_held());
-        };
-        if owner != lease.owner() || u64::try_from(stat.czxid).ok() != Some(lease.token().get()) {
-            return Err(not_held());
-        }
-        // Ours but expired: it is no longer held (C7). Still delete the node,
-        // guarded like a release, so waiters wake now instead of at their timer.
-        let expired = now >= stat.mtime + i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
         let mut w = client.new_multi_writer();
         if let Err(e) = w
             .add_check_version(&paths.key, epoch)
-            .and_then(|()| w.add_delete(&paths.holder, Some(stat.version)))
+            .and_then(|()| w.add_delete(&paths.holder, holder_version))
         {
             return Err(self.map_err(e));
         }
