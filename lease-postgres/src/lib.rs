@@ -68,6 +68,14 @@
 //!   same statement. Released rows keep their token, so tokens keep growing.
 //! - inspect: a `SELECT` of live rows.
 //!
+//! These run on connections of their own, not sqlx's pool: the pool pings every
+//! connection it takes back, a second round trip per operation. A connection
+//! whose statement was cut off by the response timeout is closed, and the
+//! server ends the statement too (`statement_timeout`, set to the response
+//! timeout at connect), so no late acquire commits unseen. Behind PgBouncer,
+//! list `options` in `ignore_startup_parameters` (sqlx already needs
+//! `extra_float_digits` there); the server-side limit is then lost.
+//!
 //! ## Expiry clock
 //!
 //! `clock_timestamp()` is the database server's wall clock at the moment the
