@@ -653,43 +653,70 @@ impl LeaseProvider for RedlockProvider {
         let (lease_key, _) = self.keys(lease.key());
         let owner = lease.owner().to_hex();
         let held = held_by(lease);
-        let keys = [lease_key.as_str()];
-        let args = [
-            held.as_str(),
-            self.inner.channel.as_str(),
-            lease.key().as_str(),
-        ];
         let limit = self.node_timeout(lease.ttl());
-        let Vote {
-            yes,
-            answered,
-            said_yes,
-            errors,
-        } = self
-            .vote(limit, |n| n.eval::<i64>(&RELEASE, &keys, &args))
-            .await;
-        // A node that did not answer may hold our lease later (an acquire
-        // queued in a frozen node): cancel there in the background. Once a
-        // majority released owner and token, the lease was ours: a node that
-        // said no may still hold a copy with its own token (its acquire
-        // answered after the round closed, so the raise never reached it),
-        // and is cancelled by owner too, instead of blocking the key to its TTL.
-        let released = yes >= self.inner.quorum;
-        let leftover = |i: usize| !answered[i] || (released && !said_yes[i]);
-        for i in (0..answered.len()).filter(|i| leftover(*i)) {
-            self.cancel_on(
-                i,
-                lease_key.clone(),
-                owner.clone(),
-                lease.ttl(),
-                lease.key(),
-                &self.inner.channel,
-            );
+        let n = self.inner.nodes.len();
+        let quorum = self.inner.quorum;
+        // Whether a majority released, once decided; a node task that answers
+        // later reads it to decide whether its node needs a cancel.
+        let (decided_tx, decided) = tokio::sync::watch::channel(None::<bool>);
+        let (tx, mut rx) = tokio::sync::mpsc::channel(n);
+        for i in 0..n {
+            let (inner, tx, mut decided) = (Arc::clone(&self.inner), tx.clone(), decided.clone());
+            let (lease_key, owner, held) = (lease_key.clone(), owner.clone(), held.clone());
+            let key = lease.key().as_str().to_owned();
+            let ttl = lease.ttl();
+            // Tracked: `flush` waits for a late node's answer and its cancel.
+            self.inner.cleanups.spawn(async move {
+                let args = [held.as_str(), inner.channel.as_str(), key.as_str()];
+                let keys = [lease_key.as_str()];
+                let call = inner.nodes[i].eval::<i64>(&RELEASE, &keys, &args);
+                let answer = bounded("a Redlock node", limit, call, |e| e).await;
+                let said_yes = matches!(answer, Ok(1));
+                let errored = answer.is_err();
+                let _ = tx.send((i, answer)).await;
+                drop(tx);
+                if said_yes {
+                    return;
+                }
+                // A node that did not answer may hold our lease later (an
+                // acquire queued in a frozen node). Once a majority released
+                // owner and token, the lease was ours: a node that said no may
+                // still hold a copy with its own token (its acquire answered
+                // after the round closed, so the raise never reached it). Both
+                // are cancelled by owner instead of blocking the key to its
+                // TTL. A node that answered yes needs nothing more: no second
+                // script on the common path.
+                let released = match decided.wait_for(Option::is_some).await {
+                    Ok(v) => v.unwrap_or(true),
+                    // The caller went away before deciding: be safe.
+                    Err(_) => true,
+                };
+                if errored || released {
+                    inner.nodes[i]
+                        .cancel_until_done(&lease_key, &owner, ttl, &inner.channel, &key)
+                        .await;
+                }
+            });
         }
-        if yes >= self.inner.quorum {
+        drop(tx);
+        // Close early only on a decided outcome: a majority said yes, or a
+        // majority said no. Errors and silent nodes leave it open, since a
+        // node that errs may still hold the lease.
+        let (mut yes, mut no) = (0, 0);
+        let mut errors = Vec::new();
+        while yes < quorum && no <= n - quorum {
+            match rx.recv().await {
+                Some((_, Ok(1))) => yes += 1,
+                Some((_, Ok(_))) => no += 1,
+                Some((_, Err(e))) => errors.push(e),
+                None => break,
+            }
+        }
+        let _ = decided_tx.send(Some(yes >= quorum));
+        if yes >= quorum {
             return Ok(());
         }
-        if yes + errors.len() >= self.inner.quorum && !errors.is_empty() {
+        if yes + errors.len() >= quorum && !errors.is_empty() {
             return Err(self.unavailable(errors));
         }
         Err(LeaseError::not_held(lease))

@@ -370,8 +370,10 @@ async fn redlock_tokens_grow_across_different_majorities() {
 /// scripts by the commands they call (`INFO commandstats` counts those too):
 /// acquire calls EXISTS once and GET only on a held key, release and cancel
 /// call GET once, raise calls GET twice. So on free keys, raises = GETs -
-/// (scripts that ran - EXISTS).
-async fn raises_run(server: &OwnedProcess) -> i64 {
+/// (scripts that ran - EXISTS). Also returns SETs - INCRs: acquire calls each
+/// once, a cancel SETs its tombstone, a raise SETs the value (and the counter
+/// when it is behind), so with no raise it counts the cancels.
+async fn raises_run(server: &OwnedProcess) -> (i64, i64) {
     let mut c = admin_connection(server).await;
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
@@ -397,7 +399,10 @@ async fn raises_run(server: &OwnedProcess) -> i64 {
             .map(|l| field(l, "calls") - field(l, "failed_calls") - field(l, "rejected_calls"))
             .sum()
     };
-    calls(&["get"]) - (calls(&["eval", "evalsha"]) - calls(&["exists"]))
+    (
+        calls(&["get"]) - (calls(&["eval", "evalsha"]) - calls(&["exists"])),
+        calls(&["set"]) - calls(&["incr"]),
+    )
 }
 
 /// In the steady state (every node counted every acquisition) the counters of
@@ -410,14 +415,32 @@ async fn redlock_raises_counters_only_when_the_majority_disagrees() {
     let rl = redlock(&[&a, &b, &c]);
     let k = key("steady");
     let mut last = token_after_acquire(&rl, &k).await;
-    let raises = || async { raises_run(&a).await + raises_run(&b).await + raises_run(&c).await };
-    let before = raises().await;
+    let counts = || async {
+        let (x, y, z) = (
+            raises_run(&a).await,
+            raises_run(&b).await,
+            raises_run(&c).await,
+        );
+        (x.0 + y.0 + z.0, x.1 + y.1 + z.1)
+    };
+    let raises = || async { counts().await.0 };
+    let (before, cancels_before) = counts().await;
     for _ in 0..20 {
         let t = token_after_acquire(&rl, &k).await;
         assert!(t > last, "token {t} after {last}");
         last = t;
     }
-    assert_eq!(raises().await - before, 0, "raises in the steady state");
+    // Every node's late release answer arrives before we count.
+    rl.flush(Duration::from_secs(2)).await;
+    let (after, cancels_after) = counts().await;
+    assert_eq!(after - before, 0, "raises in the steady state");
+    // A node that answers the release after the majority closed the round
+    // released like the others: no cancel script follows.
+    assert_eq!(
+        cancels_after - cancels_before,
+        0,
+        "cancels in the steady state"
+    );
     // Node a runs ahead: its counter disagrees with the others'.
     let on_a = provider(&a);
     let mut ahead = 0;
