@@ -76,6 +76,9 @@ pub enum LostReason {
     /// Renewals kept failing until the lease's local validity ran out; it must be
     /// assumed gone. The text is the last renewal error.
     Expired(String),
+    /// The [`LeaseSession`](crate::LeaseSession) holding the lease was closed
+    /// or dropped; its leases are released (on close) or run out by their TTL.
+    Closed,
 }
 
 impl std::fmt::Display for LostReason {
@@ -90,6 +93,7 @@ impl std::fmt::Display for LostReason {
                     "renewal failed until local validity ran out (last error: {e})"
                 )
             }
+            LostReason::Closed => f.write_str("the lease session was closed"),
         }
     }
 }
@@ -101,7 +105,7 @@ struct Shared {
     lost: CancellationToken,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A poisoned lock only means another thread panicked while holding it; the
     // data (a lease, a reason) is still consistent.
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -352,6 +356,7 @@ async fn renew_loop(
         let label = match &reason {
             LostReason::Revoked => "revoked",
             LostReason::Expired(_) => "expired",
+            LostReason::Closed => "closed",
         };
         crate::observe::record_lost(backend, label);
         shared.fire(reason);

@@ -101,6 +101,10 @@ pub enum LeaseHandle {
     None,
     /// The etcd lease the key is attached to.
     EtcdLease(i64),
+    /// The etcd lease of a [`LeaseSession`](crate::LeaseSession) the key is
+    /// attached to with the session's other keys: a release deletes the key
+    /// and leaves the etcd lease to the session.
+    EtcdSession(i64),
     /// The version of the ZooKeeper key node when the lease was created; extend
     /// and release check it in the same transaction.
     ZkKeyVersion(i32),
@@ -111,6 +115,7 @@ impl fmt::Display for LeaseHandle {
         match self {
             LeaseHandle::None => f.write_str("none"),
             LeaseHandle::EtcdLease(id) => write!(f, "etcd:{id}"),
+            LeaseHandle::EtcdSession(id) => write!(f, "etcd-session:{id}"),
             LeaseHandle::ZkKeyVersion(v) => write!(f, "zk:{v}"),
         }
     }
@@ -123,12 +128,15 @@ impl std::str::FromStr for LeaseHandle {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let bad = || {
             crate::LeaseError::Config(format!(
-                "lease handle {s:?} is not `none`, `etcd:<lease id>` or `zk:<version>`"
+                "lease handle {s:?} is not `none`, `etcd:<lease id>`, `etcd-session:<lease id>` or `zk:<version>`"
             ))
         };
         match s.split_once(':') {
             None if s.is_empty() || s == "none" => Ok(LeaseHandle::None),
             Some(("etcd", id)) => id.parse().map(LeaseHandle::EtcdLease).map_err(|_| bad()),
+            Some(("etcd-session", id)) => {
+                id.parse().map(LeaseHandle::EtcdSession).map_err(|_| bad())
+            }
             Some(("zk", v)) => v.parse().map(LeaseHandle::ZkKeyVersion).map_err(|_| bad()),
             _ => Err(bad()),
         }
@@ -338,6 +346,7 @@ mod tests {
             LeaseHandle::None,
             LeaseHandle::EtcdLease(i64::MAX),
             LeaseHandle::EtcdLease(-7),
+            LeaseHandle::EtcdSession(42),
             LeaseHandle::ZkKeyVersion(i32::MIN),
             LeaseHandle::ZkKeyVersion(0),
         ] {

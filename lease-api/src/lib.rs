@@ -15,6 +15,8 @@
 //! - [`LeaseGuard`]: renews in the background and fires a lost signal the job
 //!   selects on; [`run_with_lease`] runs a job under a lease and cancels it when
 //!   the lease is lost, with an optional minimum hold for once-per-slot jobs.
+//! - [`LeaseSession`]: many leases of one process renewed by one loop in
+//!   batched store calls, each with its own token and lost signal.
 //! - [`FenceGate`]: the resource side of fencing: it refuses writes carrying a
 //!   token older than one it has already seen.
 //! - [`MemoryProvider`]: the whole contract in one process, on tokio time; the
@@ -90,6 +92,11 @@
 //! - **C15 capabilities.** [`Capabilities`] declare what differs between stores
 //!   (TTL limits, slack, clocks, durability, notifications, sessions), probed
 //!   from the live server where it can tell.
+//! - **C16 sessions.** A [`LeaseSession`] renews all its leases in batched
+//!   store calls ([`LeaseProvider::extend_many`], or the store's own session
+//!   from [`LeaseProvider::session_store`]); a key the store ends fires that
+//!   lease's lost signal only, and when the whole session cannot renew, every
+//!   lease fires by its own local validity.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -106,6 +113,7 @@ mod memory;
 mod observe;
 mod provider;
 mod run;
+mod session;
 mod time;
 
 pub use caps::{
@@ -121,5 +129,6 @@ pub use memory::{DEFAULT_NAMESPACE, MemoryProvider, MemoryStore};
 pub use observe::Observed;
 pub use provider::{AcquireOptions, KeyWatch, LeaseProvider, MAX_BLIND_WAIT, SleepWatch, acquire};
 pub use run::{LeaseContext, RunOptions, RunOutcome, end_after_min_hold, run_with_lease};
+pub use session::{LeaseSession, SessionConfig, SessionLease, SessionStats, SessionStore};
 pub use time::{deadline_after, deadline_in};
 pub use tokio_util::sync::CancellationToken;

@@ -186,6 +186,30 @@ impl Default for MemoryProvider {
 }
 
 impl MemoryProvider {
+    /// Extends `lease` to `sent_at + ttl` inside a held lock section.
+    fn extend_locked(
+        &self,
+        state: &mut State,
+        lease: &Lease,
+        ttl: Duration,
+        sent_at: Instant,
+    ) -> Result<Lease> {
+        let holder = state
+            .entries
+            .get_mut(&self.entry_key(lease.key()))
+            .and_then(|e| e.holder.as_mut())
+            .filter(|h| {
+                h.expires_at > sent_at && h.owner == lease.owner() && h.token == lease.token().0
+            });
+        match holder {
+            Some(h) => {
+                h.expires_at = sent_at + ttl;
+                Ok(lease.renewed(ttl, sent_at))
+            }
+            None => Err(LeaseError::lost(lease)),
+        }
+    }
+
     /// A provider on a new store of its own, in the default namespace.
     pub fn new() -> Self {
         MemoryProvider {
@@ -254,20 +278,24 @@ impl LeaseProvider for MemoryProvider {
         let ttl = self.caps.grant_ttl(ttl)?;
         let sent_at = Instant::now();
         let mut state = self.store.lock()?;
-        let holder = state
-            .entries
-            .get_mut(&self.entry_key(lease.key()))
-            .and_then(|e| e.holder.as_mut())
-            .filter(|h| {
-                h.expires_at > sent_at && h.owner == lease.owner() && h.token == lease.token().0
-            });
-        match holder {
-            Some(h) => {
-                h.expires_at = sent_at + ttl;
-                Ok(lease.renewed(ttl, sent_at))
-            }
-            None => Err(LeaseError::lost(lease)),
-        }
+        self.extend_locked(&mut state, lease, ttl, sent_at)
+    }
+
+    /// Every lease in one lock section.
+    async fn extend_many(&self, leases: &[Lease]) -> Result<Vec<Result<Lease>>> {
+        let sent_at = Instant::now();
+        let mut state = self.store.lock()?;
+        Ok(leases
+            .iter()
+            .map(|lease| {
+                let ttl = self.caps.grant_ttl(lease.ttl())?;
+                self.extend_locked(&mut state, lease, ttl, sent_at)
+            })
+            .collect())
+    }
+
+    fn batch_limit(&self) -> usize {
+        10_000
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {

@@ -25,7 +25,7 @@ use tracing::Instrument;
 
 use crate::{
     Capabilities, KeyWatch, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Result,
-    TryAcquire,
+    SessionStore, TryAcquire,
 };
 
 /// The outcome label of an error.
@@ -234,5 +234,26 @@ impl<P: LeaseProvider + ?Sized> LeaseProvider for Observed<P> {
 
     async fn flush(&self, limit: Duration) {
         self.inner.flush(limit).await;
+    }
+
+    async fn extend_many(&self, leases: &[Lease]) -> Result<Vec<Result<Lease>>> {
+        let started = Instant::now();
+        let result = self.inner.extend_many(leases).await;
+        tracing::debug!(
+            backend = self.inner.capabilities().backend,
+            leases = leases.len(),
+            ok = result.is_ok(),
+            elapsed = ?started.elapsed(),
+            "lease extend_many"
+        );
+        result
+    }
+
+    fn batch_limit(&self) -> usize {
+        self.inner.batch_limit()
+    }
+
+    async fn session_store(&self, ttl: Duration) -> Result<Option<Arc<dyn SessionStore>>> {
+        self.inner.session_store(ttl).await
     }
 }

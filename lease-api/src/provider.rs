@@ -75,6 +75,41 @@ pub trait LeaseProvider: Send + Sync + fmt::Debug {
         false
     }
 
+    /// Extends many leases, each by its own [`Lease::ttl`], in as few store
+    /// round trips as the store allows, each compared by owner and token in
+    /// the store (C6 per lease). One answer per lease, in order: a lease no
+    /// longer held is `Lost` and changes nothing for the others.
+    ///
+    /// The default runs [`extend`](Self::extend) for each lease, all at once;
+    /// batching backends take up to [`batch_limit`](Self::batch_limit) leases
+    /// in one call. A [`LeaseSession`](crate::LeaseSession) renews with it.
+    ///
+    /// # Errors
+    /// `Unavailable`/`Timeout` for the whole call when the store did not
+    /// answer: nothing is known about any of the leases then.
+    async fn extend_many(&self, leases: &[Lease]) -> Result<Vec<Result<Lease>>> {
+        Ok(futures_util::future::join_all(leases.iter().map(|l| self.extend(l, l.ttl()))).await)
+    }
+
+    /// The most leases one [`extend_many`](Self::extend_many) call takes;
+    /// a session splits its renewals into batches of this size.
+    fn batch_limit(&self) -> usize {
+        64
+    }
+
+    /// The store-side session a [`LeaseSession`](crate::LeaseSession) runs
+    /// on, for stores that tie many keys to one renewal (an etcd lease, a
+    /// ZooKeeper session). Default `None`: the session takes keys with
+    /// [`try_acquire`](Self::try_acquire) and renews them with
+    /// [`extend_many`](Self::extend_many).
+    ///
+    /// # Errors
+    /// The store's error setting the session up.
+    async fn session_store(&self, ttl: Duration) -> Result<Option<Arc<dyn crate::SessionStore>>> {
+        let _ = ttl;
+        Ok(None)
+    }
+
     /// Waits, up to `limit`, for background work that keeps the store clean,
     /// such as cancelling an acquire that timed out but may still run. Call it
     /// before a short-lived process exits (the `lease` command does). Default:

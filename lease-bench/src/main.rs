@@ -9,6 +9,7 @@ mod peers;
 mod proxy;
 mod raw;
 mod report;
+mod sessions;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -53,6 +54,20 @@ struct Opts {
     /// latency figures). Without it, the section runs in the first run only.
     #[arg(long)]
     skip_many: bool,
+    /// Run only the sessions section: N leases held by one `LeaseSession` per
+    /// backend (writes SESSIONS.md and sessions.json; see scripts/bench-sessions).
+    #[arg(long)]
+    sessions: bool,
+    /// Leases per session (default 100000; 500 with --smoke).
+    #[arg(long)]
+    session_leases: Option<usize>,
+    /// How long the session holds them, in seconds (default 300; 3 with --smoke).
+    #[arg(long)]
+    session_hold_secs: Option<u64>,
+    /// The session's lease TTL, in seconds (default 30; 3 with --smoke, so
+    /// the short hold still sees renewals).
+    #[arg(long)]
+    session_ttl_secs: Option<u64>,
 }
 
 /// Latency percentiles and throughput of one operation.
@@ -180,6 +195,19 @@ impl LeaseProvider for Counting {
     }
     async fn watch(&self, key: &LeaseKey) -> LeaseResult<Box<dyn lease::KeyWatch>> {
         self.inner.watch(key).await
+    }
+    async fn extend_many(&self, leases: &[Lease]) -> LeaseResult<Vec<LeaseResult<Lease>>> {
+        self.extends.fetch_add(1, Ordering::Relaxed);
+        self.inner.extend_many(leases).await
+    }
+    fn batch_limit(&self) -> usize {
+        self.inner.batch_limit()
+    }
+    async fn session_store(
+        &self,
+        ttl: Duration,
+    ) -> LeaseResult<Option<Arc<dyn lease::SessionStore>>> {
+        self.inner.session_store(ttl).await
     }
 }
 
@@ -547,7 +575,7 @@ async fn contention(
     })
 }
 
-fn proc_cpu_seconds() -> f64 {
+pub(crate) fn proc_cpu_seconds() -> f64 {
     // utime + stime in clock ticks (100 per second on Linux).
     std::fs::read_to_string("/proc/self/stat")
         .ok()
@@ -560,7 +588,7 @@ fn proc_cpu_seconds() -> f64 {
         .unwrap_or(0.0)
 }
 
-fn peak_rss_mib() -> f64 {
+pub(crate) fn peak_rss_mib() -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
@@ -620,7 +648,11 @@ async fn many(p: &Arc<dyn LeaseProvider>, n: usize, hold_for: Duration) -> Lease
 
 /// Runs one backend once in a fresh copy of this program and reads back its
 /// result.
-fn run_child(backend: &str, smoke: bool, skip_many: bool) -> Result<BackendResult, String> {
+fn run_child<T: serde::de::DeserializeOwned>(
+    backend: &str,
+    smoke: bool,
+    extra: &[String],
+) -> Result<T, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let json = std::env::temp_dir().join(format!(
         "lease-bench-{}-{backend}.json",
@@ -634,9 +666,7 @@ fn run_child(backend: &str, smoke: bool, skip_many: bool) -> Result<BackendResul
     if smoke {
         cmd.arg("--smoke");
     }
-    if skip_many {
-        cmd.arg("--skip-many");
-    }
+    cmd.args(extra);
     let status = cmd.status().map_err(|e| e.to_string())?;
     let read = std::fs::read(&json);
     let _ = std::fs::remove_file(&json);
@@ -645,6 +675,76 @@ fn run_child(backend: &str, smoke: bool, skip_many: bool) -> Result<BackendResul
     }
     let bytes = read.map_err(|e| e.to_string())?;
     serde_json::from_slice(&bytes).map_err(|e| e.to_string())
+}
+
+/// The sessions section alone: each backend in a fresh process.
+async fn run_sessions(opts: &Opts) {
+    let n = opts
+        .session_leases
+        .unwrap_or(if opts.smoke { 500 } else { 100_000 });
+    let hold =
+        Duration::from_secs(
+            opts.session_hold_secs
+                .unwrap_or(if opts.smoke { 4 } else { 300 }),
+        );
+    let ttl = Duration::from_secs(
+        opts.session_ttl_secs
+            .unwrap_or(if opts.smoke { 3 } else { 30 }),
+    );
+    if let Some(json) = &opts.child_json {
+        let Some(b) = opts.backends.first() else {
+            std::process::exit(2);
+        };
+        eprintln!("lease-bench: {b}: {n} leases in one session, held {hold:?}");
+        let r = match sessions::run(b, &store_url(b), n, hold, ttl).await {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("lease-bench: {b} failed: {e}");
+                std::process::exit(1);
+            }
+        };
+        let written = serde_json::to_vec(&r)
+            .map_err(std::io::Error::other)
+            .and_then(|bytes| std::fs::write(json, bytes));
+        if let Err(e) = written {
+            eprintln!("lease-bench: cannot write {}: {e}", json.display());
+            std::process::exit(1);
+        }
+        return;
+    }
+    let extra = vec![
+        "--sessions".to_string(),
+        "--session-leases".to_string(),
+        n.to_string(),
+        "--session-hold-secs".to_string(),
+        hold.as_secs().to_string(),
+        "--session-ttl-secs".to_string(),
+        ttl.as_secs().to_string(),
+    ];
+    let mut runs = Vec::new();
+    let mut failed = false;
+    for b in &opts.backends {
+        match run_child::<sessions::SessionRun>(b, opts.smoke, &extra) {
+            Ok(r) => runs.push(r),
+            Err(e) => {
+                eprintln!("lease-bench: {b} failed: {e}");
+                failed = true;
+            }
+        }
+    }
+    if let Err(e) = sessions::write(&opts.out, &runs, opts.smoke) {
+        eprintln!("lease-bench: cannot write the sessions report: {e}");
+        std::process::exit(1);
+    }
+    eprintln!(
+        "lease-bench: wrote {}",
+        opts.out.join("SESSIONS.md").display()
+    );
+    let lost: u64 = runs.iter().map(|r| r.lost).sum();
+    if failed || lost > 0 {
+        eprintln!("lease-bench: {lost} lease(s) lost; see the report");
+        std::process::exit(1);
+    }
 }
 
 #[tokio::main]
@@ -675,6 +775,10 @@ async fn main() {
     } else {
         sizes
     };
+    if opts.sessions {
+        run_sessions(&opts).await;
+        return;
+    }
     if let Some(json) = &opts.child_json {
         // One backend, once, in this fresh process.
         let Some(b) = opts.backends.first() else {
@@ -709,7 +813,12 @@ async fn main() {
         let mut this_run = Vec::new();
         for b in &opts.backends {
             eprintln!("lease-bench: run {}/{runs}, {b}", run + 1);
-            match run_child(b, opts.smoke, run > 0 || opts.skip_many) {
+            let extra = if run > 0 || opts.skip_many {
+                vec!["--skip-many".to_string()]
+            } else {
+                Vec::new()
+            };
+            match run_child::<BackendResult>(b, opts.smoke, &extra) {
                 Ok(r) => this_run.push(r),
                 Err(e) => {
                     eprintln!("lease-bench: {b} failed: {e}");

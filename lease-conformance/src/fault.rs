@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lease_api::{
     Capabilities, KeyWatch, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Result,
-    TryAcquire,
+    SessionStore, TryAcquire,
 };
 
 /// Wraps a provider and, while [`cut`](Self::cut), fails every call with
@@ -18,7 +18,7 @@ use lease_api::{
 #[derive(Debug)]
 pub struct Partition {
     inner: Arc<dyn LeaseProvider>,
-    cut: AtomicBool,
+    cut: Arc<AtomicBool>,
 }
 
 impl Partition {
@@ -26,7 +26,7 @@ impl Partition {
     pub fn new(inner: Arc<dyn LeaseProvider>) -> Arc<Self> {
         Arc::new(Partition {
             inner,
-            cut: AtomicBool::new(false),
+            cut: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -36,13 +36,47 @@ impl Partition {
     }
 
     fn check(&self) -> Result<()> {
-        if self.cut.load(Ordering::SeqCst) {
-            return Err(LeaseError::Unavailable {
-                message: "the link to the store is cut (injected partition)".into(),
-                source: None,
-            });
-        }
-        Ok(())
+        check_link(&self.cut)
+    }
+}
+
+fn check_link(cut: &AtomicBool) -> Result<()> {
+    if cut.load(Ordering::SeqCst) {
+        return Err(LeaseError::Unavailable {
+            message: "the link to the store is cut (injected partition)".into(),
+            source: None,
+        });
+    }
+    Ok(())
+}
+
+/// A backend's session store behind a [`Partition`]: cut with it.
+#[derive(Debug)]
+struct PartitionedSession {
+    inner: Arc<dyn SessionStore>,
+    cut: Arc<AtomicBool>,
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl SessionStore for PartitionedSession {
+    async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
+        check_link(&self.cut)?;
+        self.inner.try_acquire(key, ttl).await
+    }
+    async fn renew(&self, leases: &[Lease]) -> Result<Vec<Result<Lease>>> {
+        check_link(&self.cut)?;
+        self.inner.renew(leases).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        check_link(&self.cut)?;
+        self.inner.release(lease).await
+    }
+    fn batch_limit(&self) -> usize {
+        self.inner.batch_limit()
+    }
+    async fn close(&self) {
+        self.inner.close().await;
     }
 }
 
@@ -80,6 +114,22 @@ impl LeaseProvider for Partition {
     }
     async fn flush(&self, limit: Duration) {
         self.inner.flush(limit).await;
+    }
+    async fn extend_many(&self, leases: &[Lease]) -> Result<Vec<Result<Lease>>> {
+        self.check()?;
+        self.inner.extend_many(leases).await
+    }
+    fn batch_limit(&self) -> usize {
+        self.inner.batch_limit()
+    }
+    async fn session_store(&self, ttl: Duration) -> Result<Option<Arc<dyn SessionStore>>> {
+        self.check()?;
+        Ok(self.inner.session_store(ttl).await?.map(|inner| {
+            Arc::new(PartitionedSession {
+                inner,
+                cut: Arc::clone(&self.cut),
+            }) as Arc<dyn SessionStore>
+        }))
     }
 }
 
@@ -149,5 +199,14 @@ impl LeaseProvider for Instrumented {
     }
     async fn flush(&self, limit: Duration) {
         self.inner.flush(limit).await;
+    }
+    async fn extend_many(&self, leases: &[Lease]) -> Result<Vec<Result<Lease>>> {
+        self.inner.extend_many(leases).await
+    }
+    fn batch_limit(&self) -> usize {
+        self.inner.batch_limit()
+    }
+    async fn session_store(&self, ttl: Duration) -> Result<Option<Arc<dyn SessionStore>>> {
+        self.inner.session_store(ttl).await
     }
 }

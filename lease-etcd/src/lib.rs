@@ -90,5 +90,6 @@
 #![warn(missing_docs)]
 
 mod provider;
+mod session;
 
 pub use provider::{EtcdConfig, EtcdProvider, EtcdTls};

@@ -12,7 +12,7 @@ use etcd_client::{
 use lease_api::{
     Capabilities, DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, ExpiryClock, FailoverExtension, FencingToken,
     KeyWatch, Lease, LeaseError, LeaseHandle, LeaseInfo, LeaseKey, LeaseProvider, Notifications,
-    OwnerId, Result, TokenDurability, TryAcquire, validate_namespace,
+    OwnerId, Result, SessionStore, TokenDurability, TryAcquire, validate_namespace,
 };
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
@@ -426,6 +426,169 @@ impl EtcdProvider {
         }
     }
 
+    /// The acquire transaction: puts `key` attached to the etcd lease of
+    /// `handle` if the key does not exist. A lease of its own is revoked when
+    /// the put did not happen; a session's is kept.
+    pub(crate) async fn claim(
+        &self,
+        key: &LeaseKey,
+        handle: LeaseHandle,
+        granted: Duration,
+        sent_at: Instant,
+    ) -> Result<TryAcquire> {
+        let (id, own) = match handle {
+            LeaseHandle::EtcdLease(id) => (id, true),
+            LeaseHandle::EtcdSession(id) => (id, false),
+            other => {
+                return Err(LeaseError::protocol(format!(
+                    "an etcd acquire on a {other} handle"
+                )));
+            }
+        };
+        let drop_unused = |id| {
+            if own {
+                self.revoke_in_background(id);
+            }
+        };
+        let k = self.etcd_key(key);
+        let owner = OwnerId::random();
+        let holder = lease_api::holder();
+        let txn = Txn::new()
+            .when(vec![Compare::create_revision(
+                k.clone(),
+                CompareOp::Equal,
+                0,
+            )])
+            .and_then(vec![TxnOp::put(
+                k.clone(),
+                value(owner, &holder),
+                Some(PutOptions::new().with_lease(id)),
+            )])
+            .or_else(vec![TxnOp::get(k, None)]);
+        let resp = match self
+            .call("acquire txn", |mut c| async move { c.txn(txn).await })
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                drop_unused(id);
+                return Err(e);
+            }
+        };
+        if resp.succeeded() {
+            let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+            let token = u64::try_from(revision)
+                .ok()
+                .filter(|t| *t > 0)
+                .ok_or_else(|| {
+                    LeaseError::protocol(format!(
+                        "etcd returned no revision for a successful acquire ({revision})"
+                    ))
+                })?;
+            let lease = Lease::new(key.clone(), FencingToken(token), owner, granted, sent_at)
+                .with_handle(handle)
+                .with_holder(holder);
+            return Ok(TryAcquire::Acquired(lease));
+        }
+        drop_unused(id);
+        let holder_lease = resp.op_responses().into_iter().find_map(|op| match op {
+            TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.lease()),
+            _ => None,
+        });
+        // Best effort: how long the holder still has, for the waiter's fallback timer.
+        let remaining = match holder_lease {
+            Some(hid) => self.time_to_live(hid).await.unwrap_or(None),
+            None => None,
+        };
+        self.seen_held().insert(
+            self.etcd_key(key),
+            Instant::now() + remaining.unwrap_or(lease_api::MAX_BLIND_WAIT),
+        );
+        Ok(TryAcquire::Held { remaining })
+    }
+
+    /// One keep-alive of etcd lease `id`: the TTL it now has, 0 when the
+    /// lease is gone.
+    pub(crate) async fn keep_alive_once(&self, id: i64) -> Result<i64> {
+        let alive = self
+            .call("keep-alive", |mut c| async move {
+                let (mut keeper, mut stream) = c.lease_keep_alive(id).await?;
+                keeper.keep_alive().await?;
+                stream.message().await
+            })
+            .await;
+        match alive {
+            Ok(Some(r)) => Ok(r.ttl()),
+            Ok(None) => Ok(0),
+            // etcd-client reports an unknown lease id as a keep-alive error.
+            Err(LeaseError::Backend {
+                source: Some(src), ..
+            }) if matches!(
+                src.downcast_ref::<etcd_client::Error>(),
+                Some(etcd_client::Error::LeaseKeepAliveError(_))
+            ) =>
+            {
+                Ok(0)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Every key of this provider's namespace attached to etcd lease `id`,
+    /// with its create revision: a keys-only range read in pages of
+    /// [`SCAN_PAGE`] keys.
+    pub(crate) async fn keys_on(&self, id: i64) -> Result<HashMap<Vec<u8>, i64>> {
+        let mut found = HashMap::new();
+        let end = prefix_end(self.inner.prefix.as_bytes());
+        let mut from = self.inner.prefix.as_bytes().to_vec();
+        loop {
+            let (start, stop) = (from.clone(), end.clone());
+            let page = self
+                .call("range", |mut c| async move {
+                    c.get(
+                        start,
+                        Some(
+                            GetOptions::new()
+                                .with_range(stop)
+                                .with_keys_only()
+                                .with_limit(SCAN_PAGE),
+                        ),
+                    )
+                    .await
+                })
+                .await?;
+            for kv in page.kvs() {
+                if kv.lease() == id {
+                    found.insert(kv.key().to_vec(), kv.create_revision());
+                }
+            }
+            match page.kvs().last() {
+                Some(last) if page.more() => {
+                    from = last.key().to_vec();
+                    from.push(0);
+                }
+                _ => return Ok(found),
+            }
+        }
+    }
+
+    /// Grants a new etcd lease of `ttl`.
+    pub(crate) async fn grant_lease(&self, ttl: Duration) -> Result<(i64, Duration)> {
+        self.grant(ttl).await
+    }
+
+    /// Revokes etcd lease `id` now, deleting every key attached to it.
+    pub(crate) async fn revoke(&self, id: i64) -> Result<()> {
+        self.call("revoke", |mut c| async move { c.lease_revoke(id).await })
+            .await
+            .map(|_| ())
+    }
+
+    /// The etcd key of a lease key.
+    pub(crate) fn store_key(&self, key: &LeaseKey) -> String {
+        self.etcd_key(key)
+    }
+
     /// The remaining TTL of etcd lease `id`, if it still exists.
     async fn time_to_live(&self, id: i64) -> Result<Option<Duration>> {
         if id == 0 {
@@ -465,10 +628,34 @@ fn parse_value(v: &[u8]) -> (Option<OwnerId>, Option<String>) {
 
 /// The etcd lease a lease of ours is attached to; 0 (no lease, which no key of
 /// ours carries) for a lease from another backend, so every compare fails.
+/// Keys per page of a session's range read.
+const SCAN_PAGE: i64 = 10_000;
+
+/// The first key after every key that starts with `prefix`.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // A prefix of only 0xff bytes: to the end of the key space.
+    vec![0]
+}
+
 fn lease_id(lease: &Lease) -> i64 {
     match lease.handle() {
-        LeaseHandle::EtcdLease(id) => id,
+        LeaseHandle::EtcdLease(id) | LeaseHandle::EtcdSession(id) => id,
         _ => 0,
+    }
+}
+
+/// Revokes the etcd lease of `lease` after its key went, unless a session
+/// owns it (the session's other keys live on it).
+fn revoke_if_own(provider: &EtcdProvider, lease: &Lease) {
+    if let LeaseHandle::EtcdLease(id) = lease.handle() {
+        provider.revoke_in_background(id);
     }
 }
 
@@ -490,62 +677,10 @@ impl LeaseProvider for EtcdProvider {
                 remaining: Some(remaining),
             });
         }
-        let owner = OwnerId::random();
-        let holder = lease_api::holder();
         let sent_at = Instant::now();
         let (id, granted) = self.grant(ttl).await?;
-        let txn = Txn::new()
-            .when(vec![Compare::create_revision(
-                k.clone(),
-                CompareOp::Equal,
-                0,
-            )])
-            .and_then(vec![TxnOp::put(
-                k.clone(),
-                value(owner, &holder),
-                Some(PutOptions::new().with_lease(id)),
-            )])
-            .or_else(vec![TxnOp::get(k, None)]);
-        let resp = match self
-            .call("acquire txn", |mut c| async move { c.txn(txn).await })
+        self.claim(key, LeaseHandle::EtcdLease(id), granted, sent_at)
             .await
-        {
-            Ok(r) => r,
-            Err(e) => {
-                self.revoke_in_background(id);
-                return Err(e);
-            }
-        };
-        if resp.succeeded() {
-            let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
-            let token = u64::try_from(revision)
-                .ok()
-                .filter(|t| *t > 0)
-                .ok_or_else(|| {
-                    LeaseError::protocol(format!(
-                        "etcd returned no revision for a successful acquire ({revision})"
-                    ))
-                })?;
-            let lease = Lease::new(key.clone(), FencingToken(token), owner, granted, sent_at)
-                .with_handle(LeaseHandle::EtcdLease(id))
-                .with_holder(holder);
-            return Ok(TryAcquire::Acquired(lease));
-        }
-        self.revoke_in_background(id);
-        let holder_lease = resp.op_responses().into_iter().find_map(|op| match op {
-            TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.lease()),
-            _ => None,
-        });
-        // Best effort: how long the holder still has, for the waiter's fallback timer.
-        let remaining = match holder_lease {
-            Some(hid) => self.time_to_live(hid).await.unwrap_or(None),
-            None => None,
-        };
-        self.seen_held().insert(
-            self.etcd_key(key),
-            Instant::now() + remaining.unwrap_or(lease_api::MAX_BLIND_WAIT),
-        );
-        Ok(TryAcquire::Held { remaining })
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
@@ -557,29 +692,10 @@ impl LeaseProvider for EtcdProvider {
             // Keep-alive and a read of the key, in parallel (one round trip of
             // latency): the etcd lease must be alive AND still carry our key,
             // which a release deletes before it revokes the etcd lease.
-            let keep_alive = self.call("keep-alive", |mut c| async move {
-                let (mut keeper, mut stream) = c.lease_keep_alive(id).await?;
-                keeper.keep_alive().await?;
-                stream.message().await
-            });
             let k = self.etcd_key(lease.key());
             let read = self.call("get", |mut c| async move { c.get(k, None).await });
-            let (alive, current) = tokio::join!(keep_alive, read);
-            let ttl_left = match alive {
-                Ok(Some(r)) => r.ttl(),
-                Ok(None) => 0,
-                // etcd-client reports an unknown lease id as a keep-alive error.
-                Err(LeaseError::Backend {
-                    source: Some(src), ..
-                }) if matches!(
-                    src.downcast_ref::<etcd_client::Error>(),
-                    Some(etcd_client::Error::LeaseKeepAliveError(_))
-                ) =>
-                {
-                    0
-                }
-                Err(e) => return Err(e),
-            };
+            let (alive, current) = tokio::join!(self.keep_alive_once(id), read);
+            let ttl_left = alive?;
             let ours = current?.kvs().first().is_some_and(|kv| {
                 u64::try_from(kv.create_revision()).ok() == Some(lease.token().get())
                     && parse_value(kv.value()).0 == Some(lease.owner())
@@ -615,7 +731,7 @@ impl LeaseProvider for EtcdProvider {
             self.revoke_in_background(new_id);
             return Err(lost());
         }
-        self.revoke_in_background(id);
+        revoke_if_own(self, lease);
         Ok(lease
             .renewed(granted, sent_at)
             .with_handle(LeaseHandle::EtcdLease(new_id)))
@@ -630,11 +746,15 @@ impl LeaseProvider for EtcdProvider {
             .call("release txn", |mut c| async move { c.txn(txn).await })
             .await?;
         if resp.succeeded() {
-            self.revoke_in_background(lease_id(lease));
+            revoke_if_own(self, lease);
             Ok(())
         } else {
             Err(LeaseError::not_held(lease))
         }
+    }
+
+    async fn session_store(&self, ttl: Duration) -> Result<Option<Arc<dyn SessionStore>>> {
+        Ok(Some(crate::session::open(self, ttl)))
     }
 
     async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>> {

@@ -649,6 +649,76 @@ impl LeaseProvider for PostgresProvider {
         }
     }
 
+    /// One `UPDATE ... FROM unnest(...)` for the whole batch, owner and
+    /// token compared per row.
+    async fn extend_many(&self, leases: &[Lease]) -> Result<Vec<Result<Lease>>> {
+        let caps = self.capabilities();
+        let ttls: Vec<Result<Duration>> = leases
+            .iter()
+            .map(|l| {
+                let ttl = caps.grant_ttl(l.ttl())?;
+                token_i64(l.token())?;
+                Ok(ttl)
+            })
+            .collect();
+        let sent: Vec<(&Lease, Duration)> = leases
+            .iter()
+            .zip(&ttls)
+            .filter_map(|(l, t)| t.as_ref().ok().map(|t| (l, *t)))
+            .collect();
+        let mut extended = std::collections::HashSet::new();
+        // Sent before the statement: every row's validity counts from here (C10).
+        let sent_at = Instant::now();
+        if !sent.is_empty() {
+            self.ready().await?;
+            let keys: Vec<&str> = sent.iter().map(|(l, _)| l.key().as_str()).collect();
+            let owners: Vec<String> = sent.iter().map(|(l, _)| l.owner().to_hex()).collect();
+            let tokens: Vec<i64> = sent
+                .iter()
+                .map(|(l, _)| i64::try_from(l.token().get()).unwrap_or(-1))
+                .collect();
+            let ttl_micros: Vec<i64> = sent.iter().map(|(_, t)| micros(*t)).collect();
+            let rows = self
+                .bounded("extend", async {
+                    let mut c = self.inner.conns.checkout().await?;
+                    let r = sqlx::query(&self.inner.sql.extend_many)
+                        .bind(&self.inner.namespace)
+                        .bind(&keys)
+                        .bind(&owners)
+                        .bind(&tokens)
+                        .bind(&ttl_micros)
+                        .fetch_all(c.conn())
+                        .await;
+                    c.done(&r);
+                    r
+                })
+                .await?;
+            for row in rows {
+                let decode = |e: sqlx::Error| self.map_err(e);
+                let key: String = row.try_get(0).map_err(decode)?;
+                let token: i64 = row.try_get(1).map_err(decode)?;
+                extended.insert((key, token));
+            }
+        }
+        Ok(leases
+            .iter()
+            .zip(ttls)
+            .map(|(lease, ttl)| {
+                let ttl = ttl?;
+                let token = i64::try_from(lease.token().get()).unwrap_or(-1);
+                if extended.contains(&(lease.key().as_str().to_owned(), token)) {
+                    Ok(lease.renewed(ttl, sent_at))
+                } else {
+                    Err(LeaseError::lost(lease))
+                }
+            })
+            .collect())
+    }
+
+    fn batch_limit(&self) -> usize {
+        1000
+    }
+
     async fn release(&self, lease: &Lease) -> Result<()> {
         self.ready().await?;
         let token = token_i64(lease.token())?;

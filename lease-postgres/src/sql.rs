@@ -27,6 +27,7 @@ pub(crate) struct Statements {
     pub has_holder: String,
     pub acquire: String,
     pub extend: String,
+    pub extend_many: String,
     pub release: String,
     pub inspect: String,
     pub fence: String,
@@ -84,6 +85,14 @@ impl Statements {
                 "UPDATE {t} SET expires_at = clock_timestamp() + $5::bigint * interval '1 microsecond'
                   WHERE namespace = $1 AND key = $2 AND owner = $3 AND token = $4
                     AND expires_at > clock_timestamp()"
+            ),
+            // Many leases in one statement, each row compared by owner and token.
+            extend_many: format!(
+                "UPDATE {t} AS l SET expires_at = clock_timestamp() + b.ttl * interval '1 microsecond'
+                   FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[]) AS b(key, owner, token, ttl)
+                  WHERE l.namespace = $1 AND l.key = b.key AND l.owner = b.owner AND l.token = b.token
+                    AND l.expires_at > clock_timestamp()
+                 RETURNING l.key, l.token"
             ),
             // Released rows keep their token, so the next acquire continues from it.
             release: format!(

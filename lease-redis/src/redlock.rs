@@ -18,10 +18,12 @@ use tokio::time::Instant;
 
 use crate::keys::{cancel_key, encode, redis_keys, release_channel};
 use crate::node::{Node, Timeouts};
-use crate::scripts::{ACQUIRE, EXTEND, INSPECT, RAISE, RELEASE, held_by};
+use crate::scripts::{
+    ACQUIRE, EXTEND, EXTEND_BATCH, EXTEND_MANY, INSPECT, RAISE, RELEASE, held_by,
+};
 use crate::single::{
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT, base_capabilities, check_eviction, millis,
-    parse_value,
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT, ExtendBatch, base_capabilities,
+    check_eviction, millis, parse_value,
 };
 
 /// How to reach the independent Redis nodes of a Redlock.
@@ -647,6 +649,74 @@ impl LeaseProvider for RedlockProvider {
             return Err(self.unavailable(errors));
         }
         Err(LeaseError::lost(lease))
+    }
+
+    /// One batched script per node, all nodes at once; each lease needs its
+    /// own majority, as a single extend does.
+    async fn extend_many(&self, leases: &[Lease]) -> Result<Vec<Result<Lease>>> {
+        let batch = ExtendBatch::new(&self.inner.caps, leases, |k| self.keys(k).0);
+        if batch.is_empty() {
+            return Ok(batch.answer(leases, |l, _| Err(LeaseError::lost(l))));
+        }
+        let (keys, args) = batch.refs();
+        let limit = self.node_timeout(batch.longest_ttl());
+        let sent_at = Instant::now();
+        let answers: Vec<Result<Vec<i64>>> = self
+            .round(|n| {
+                let (keys, args) = (&keys, &args);
+                async move {
+                    bounded(
+                        "a Redlock node",
+                        limit,
+                        n.eval::<Vec<i64>>(&EXTEND_MANY, keys, args),
+                        |e| e,
+                    )
+                    .await
+                }
+            })
+            .await;
+        let mut errors = Vec::new();
+        let mut said: Vec<Vec<i64>> = Vec::new();
+        for a in answers {
+            match a {
+                Ok(v) if v.len() == batch.len() => said.push(v),
+                Ok(v) => errors.push(LeaseError::protocol(format!(
+                    "a Redlock node answered a batched extend of {} leases {} times",
+                    batch.len(),
+                    v.len()
+                ))),
+                Err(e) => errors.push(e),
+            }
+        }
+        let quorum = self.inner.quorum;
+        if said.len() < quorum {
+            // No majority answered: nothing is known about any lease.
+            return Err(self.unavailable(errors));
+        }
+        let silent = errors.len();
+        let mut index = 0;
+        Ok(batch.answer(leases, |lease, ttl| {
+            let yes = said.iter().filter(|v| v.get(index) == Some(&1)).count();
+            index += 1;
+            let renewed = lease.renewed(ttl, sent_at);
+            if yes >= quorum && Instant::now() < renewed.valid_until() {
+                Ok(renewed)
+            } else if yes + silent >= quorum && silent > 0 {
+                Err(LeaseError::Unavailable {
+                    message: format!(
+                        "{silent} of the {} Redlock nodes did not answer; a majority may still hold the lease",
+                        self.inner.nodes.len()
+                    ),
+                    source: None,
+                })
+            } else {
+                Err(LeaseError::lost(lease))
+            }
+        }))
+    }
+
+    fn batch_limit(&self) -> usize {
+        EXTEND_BATCH
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {

@@ -53,6 +53,32 @@ return 0
     )
 });
 
+/// Extend for many leases in one call. KEYS: the leases. ARGV: for each key,
+/// `<owner>:<token>` (see [`held_by`]) and its ttl ms. Returns one 1 (extended)
+/// or 0 (not held) per key, each compared as [`EXTEND`] does.
+pub(crate) static EXTEND_MANY: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local out = {}
+for i, k in ipairs(KEYS) do
+  local v = redis.call('GET', k)
+  local p = ARGV[2 * i - 1]
+  if v and (v == p or string.sub(v, 1, #p + 1) == p .. ':') then
+    redis.call('PEXPIRE', k, ARGV[2 * i])
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out
+",
+    )
+});
+
+/// The most leases one [`EXTEND_MANY`] call takes: a script runs alone on
+/// the server, so a batch must stay short (about a millisecond).
+pub(crate) const EXTEND_BATCH: usize = 1000;
+
 /// KEYS: lease. ARGV: `<owner>:<token>` (see [`held_by`]), or the owner alone
 /// to undo an acquire whose token is not known; channel (empty: no
 /// announcement); key. Deletes and announces; 1 if released.

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use crate::keys::{cancel_key, encode, redis_keys, release_channel};
 use crate::node::{Node, Timeouts};
-use crate::scripts::{ACQUIRE, EXTEND, INSPECT, RELEASE, held_by};
+use crate::scripts::{ACQUIRE, EXTEND, EXTEND_BATCH, EXTEND_MANY, INSPECT, RELEASE, held_by};
 
 /// The default connect timeout.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -312,6 +312,74 @@ impl RedisProvider {
     }
 }
 
+/// The arguments of one [`EXTEND_MANY`] call: only leases with a valid TTL
+/// go to the server (C3); the others are answered with their TTL error.
+pub(crate) struct ExtendBatch {
+    keys: Vec<String>,
+    args: Vec<String>,
+    ttls: Vec<Result<Duration>>,
+}
+
+impl ExtendBatch {
+    pub(crate) fn new(
+        caps: &Capabilities,
+        leases: &[Lease],
+        redis_key: impl Fn(&LeaseKey) -> String,
+    ) -> Self {
+        let ttls: Vec<Result<Duration>> = leases.iter().map(|l| caps.grant_ttl(l.ttl())).collect();
+        let mut keys = Vec::with_capacity(leases.len());
+        let mut args = Vec::with_capacity(leases.len() * 2);
+        for (lease, ttl) in leases.iter().zip(&ttls) {
+            if let Ok(ttl) = ttl {
+                keys.push(redis_key(lease.key()));
+                args.push(held_by(lease));
+                args.push(millis(*ttl).to_string());
+            }
+        }
+        ExtendBatch { keys, args, ttls }
+    }
+
+    /// How many leases go to the server.
+    pub(crate) fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// The longest TTL sent.
+    pub(crate) fn longest_ttl(&self) -> Duration {
+        self.ttls
+            .iter()
+            .filter_map(|t| t.as_ref().ok())
+            .copied()
+            .max()
+            .unwrap_or_default()
+    }
+
+    pub(crate) fn refs(&self) -> (Vec<&str>, Vec<&str>) {
+        (
+            self.keys.iter().map(String::as_str).collect(),
+            self.args.iter().map(String::as_str).collect(),
+        )
+    }
+
+    /// One answer per lease: `sent` is called, in order, for each lease that
+    /// went to the server, with its granted TTL.
+    pub(crate) fn answer(
+        self,
+        leases: &[Lease],
+        mut sent: impl FnMut(&Lease, Duration) -> Result<Lease>,
+    ) -> Vec<Result<Lease>> {
+        leases
+            .iter()
+            .zip(self.ttls)
+            .map(|(lease, ttl)| sent(lease, ttl?))
+            .collect()
+    }
+}
+
 pub(crate) fn millis(ttl: Duration) -> u64 {
     u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)
 }
@@ -406,6 +474,37 @@ impl LeaseProvider for RedisProvider {
         } else {
             Err(LeaseError::lost(lease))
         }
+    }
+
+    /// One script call for the whole batch, compare-owner per key.
+    async fn extend_many(&self, leases: &[Lease]) -> Result<Vec<Result<Lease>>> {
+        let batch = ExtendBatch::new(self.capabilities(), leases, |k| self.keys(k).0);
+        let sent_at = Instant::now();
+        let done: Vec<i64> = if batch.is_empty() {
+            Vec::new()
+        } else {
+            let (keys, args) = batch.refs();
+            self.inner.node.eval(&EXTEND_MANY, &keys, &args).await?
+        };
+        if done.len() != batch.len() {
+            return Err(LeaseError::protocol(format!(
+                "a batched extend of {} leases answered {} times",
+                batch.len(),
+                done.len()
+            )));
+        }
+        let mut done = done.into_iter();
+        Ok(batch.answer(leases, |lease, ttl| {
+            if done.next() == Some(1) {
+                Ok(lease.renewed(ttl, sent_at))
+            } else {
+                Err(LeaseError::lost(lease))
+            }
+        }))
+    }
+
+    fn batch_limit(&self) -> usize {
+        EXTEND_BATCH
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {

@@ -118,5 +118,6 @@
 
 mod issued;
 mod provider;
+mod session;
 
 pub use provider::{ZkConfig, ZkProvider};

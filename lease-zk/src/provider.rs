@@ -9,7 +9,7 @@ use lease_api::backend::{bounded, drift_margin};
 use lease_api::{
     Capabilities, DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, ExpiryClock, FencingToken, KeyWatch, Lease,
     LeaseError, LeaseHandle, LeaseInfo, LeaseKey, LeaseProvider, Notifications, OwnerId, Result,
-    TokenDurability, TryAcquire, validate_namespace,
+    SessionStore, TokenDurability, TryAcquire, validate_namespace,
 };
 use tokio::time::Instant;
 use zookeeper_client::{
@@ -203,7 +203,7 @@ fn holder_data(owner: OwnerId, ttl: Duration, label: &str) -> Vec<u8> {
 
 /// Owner, TTL and (when recorded) holder label of a holder node's data; nodes
 /// written before labels existed end after the TTL.
-fn parse_holder(data: &[u8]) -> Option<(OwnerId, Duration, Option<String>)> {
+pub(crate) fn parse_holder(data: &[u8]) -> Option<(OwnerId, Duration, Option<String>)> {
     let s = std::str::from_utf8(data).ok()?;
     let (owner, rest) = s.split_once(':')?;
     let (ttl, label) = match rest.split_once(':') {
@@ -284,6 +284,23 @@ impl ZkProvider {
         })
     }
 
+    /// The holder node of `key`.
+    pub(crate) fn holder_path(&self, key: &LeaseKey) -> String {
+        self.paths(key).holder
+    }
+
+    /// A provider with the same configuration and a ZooKeeper session of
+    /// its own (opened on first use).
+    pub(crate) fn fresh(&self) -> Result<Self> {
+        ZkProvider::new(self.inner.config.clone())
+    }
+
+    /// Closes this provider's ZooKeeper session, which deletes its
+    /// ephemeral holder nodes; a later call opens a new one.
+    pub(crate) async fn close_session(&self) {
+        self.inner.client.lock().await.take();
+    }
+
     fn paths(&self, key: &LeaseKey) -> Paths {
         let key = format!("{}/{}", self.inner.ns_path, segment(key.as_str()));
         Paths {
@@ -310,7 +327,7 @@ impl ZkProvider {
         }
     }
 
-    fn map_err(&self, e: ZkError) -> LeaseError {
+    pub(crate) fn map_err(&self, e: ZkError) -> LeaseError {
         if matches!(
             e,
             ZkError::NoAuth | ZkError::AuthFailed | ZkError::InvalidAcl
@@ -340,7 +357,7 @@ impl ZkProvider {
     }
 
     /// The session's client; a new session when there is none or it ended.
-    async fn client(&self) -> Result<Client> {
+    pub(crate) async fn client(&self) -> Result<Client> {
         let mut slot = self.inner.client.lock().await;
         if let Some(c) = slot.as_ref() {
             match c.state() {
@@ -437,7 +454,7 @@ impl ZkProvider {
 
     /// One request bounded by the request timeout. An error of reachability
     /// becomes the `LeaseError`; any other ZooKeeper answer is the caller's to read.
-    async fn bounded<T>(
+    pub(crate) async fn bounded<T>(
         &self,
         what: &'static str,
         f: impl std::future::Future<Output = Result<T, ZkError>>,
@@ -700,7 +717,7 @@ impl ZkProvider {
 /// Local validity never outlasts the session the lease lives on: the server
 /// may expire it `session` (the timeout it granted) after it last heard from
 /// us, and the ephemeral holder node goes with it.
-fn bounded_validity(lease: Lease, session: Duration) -> Lease {
+pub(crate) fn bounded_validity(lease: Lease, session: Duration) -> Lease {
     // Like ZooKeeper's own clients, count a session as in doubt after two
     // thirds of its timeout without an answer: the server expires it at the
     // earliest a full timeout after it last heard from us.
@@ -845,23 +862,21 @@ impl ZkProvider {
     }
 }
 
-#[async_trait]
-impl LeaseProvider for ZkProvider {
-    fn capabilities(&self) -> &Capabilities {
-        self.caps()
-    }
-
-    fn namespace(&self) -> &str {
-        &self.inner.config.namespace
-    }
-
-    async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
-        let ttl = self.caps().grant_ttl(ttl)?;
+impl ZkProvider {
+    /// Acquire with `ttl` as the lease's, and `recorded` as the TTL written
+    /// in the holder node, by which others judge expiry: the same, or
+    /// `SESSION_BOUND_TTL` for a lease that ends only with the session.
+    pub(crate) async fn try_acquire_recording(
+        &self,
+        key: &LeaseKey,
+        ttl: Duration,
+        recorded: Duration,
+    ) -> Result<TryAcquire> {
         let client = self.client().await?;
         let paths = self.paths(key);
         let owner = OwnerId::random();
         let label = lease_api::holder();
-        let data = holder_data(owner, ttl, &label);
+        let data = holder_data(owner, recorded, &label);
         for _ in 0..4 {
             let sent_at = Instant::now();
             match self.claim(&client, &paths, &data, None).await? {
@@ -915,6 +930,22 @@ impl LeaseProvider for ZkProvider {
         }
         Ok(TryAcquire::Held { remaining: None })
     }
+}
+
+#[async_trait]
+impl LeaseProvider for ZkProvider {
+    fn capabilities(&self) -> &Capabilities {
+        self.caps()
+    }
+
+    fn namespace(&self) -> &str {
+        &self.inner.config.namespace
+    }
+
+    async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
+        let ttl = self.caps().grant_ttl(ttl)?;
+        self.try_acquire_recording(key, ttl, ttl).await
+    }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
         let extended = self.extend_once(lease, ttl).await;
@@ -963,6 +994,11 @@ impl LeaseProvider for ZkProvider {
             Some(owner),
             holder,
         )))
+    }
+
+    async fn session_store(&self, ttl: Duration) -> Result<Option<Arc<dyn SessionStore>>> {
+        let _ = ttl;
+        crate::session::open(self).map(Some)
     }
 
     async fn flush(&self, limit: Duration) {

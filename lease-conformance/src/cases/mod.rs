@@ -15,6 +15,7 @@ mod guard;
 mod inspect;
 mod keys;
 mod ownership;
+mod session;
 mod tokens;
 mod waiting;
 
@@ -110,6 +111,7 @@ use guard::*;
 use inspect::*;
 use keys::*;
 use ownership::*;
+use session::*;
 use tokens::*;
 use waiting::*;
 
