@@ -42,9 +42,17 @@ pub trait SessionStore: Send + Sync + fmt::Debug {
     /// The most leases one [`renew`](Self::renew) call takes.
     fn batch_limit(&self) -> usize;
 
-    /// Called once when the session closes, after its leases were released:
-    /// gives store-side session state back (an etcd lease is revoked).
+    /// Called once when the session closes, after its leases were released
+    /// (see [`close_releases_all`](Self::close_releases_all)): gives
+    /// store-side session state back (an etcd lease is revoked).
     async fn close(&self) {}
+
+    /// True when [`close`](Self::close) itself frees every key of the session
+    /// in one store call (revoking the etcd lease they are attached to deletes
+    /// them all), so closing skips releasing them one by one.
+    fn close_releases_all(&self) -> bool {
+        false
+    }
 }
 
 /// The session store of a backend without its own: each key by
@@ -381,6 +389,13 @@ impl LeaseSession {
         self.inner.stop.cancel();
         let held: Vec<Arc<Shared>> = lock(&self.inner.leases).drain().map(|(_, s)| s).collect();
         let store = &self.inner.store;
+        if store.close_releases_all() {
+            for shared in held {
+                shared.fire(LostReason::Closed);
+            }
+            store.close().await;
+            return;
+        }
         futures_util::stream::iter(held)
             .for_each_concurrent(64, |shared| async move {
                 let lease = lock(&shared.lease).clone();

@@ -38,7 +38,7 @@ pub struct SessionRun {
 }
 
 /// How many acquires are in flight at once.
-const ACQUIRE_CONCURRENCY: usize = 256;
+const ACQUIRE_CONCURRENCY: usize = 64;
 
 pub async fn run(
     backend: &str,
@@ -64,7 +64,12 @@ pub async fn run(
             let key = LeaseKey::new(format!("s/{i}"))?;
             session_ref.try_acquire(&key).await
         })
-        .buffer_unordered(ACQUIRE_CONCURRENCY)
+        .buffer_unordered(
+            std::env::var("LEASE_BENCH_ACQUIRE_CONCURRENCY")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(ACQUIRE_CONCURRENCY),
+        )
         .collect()
         .await;
     let acquire_secs = started.elapsed().as_secs_f64();
@@ -94,8 +99,10 @@ pub async fn run(
     let rounds = after.rounds - before.rounds;
     let calls = after.renew_calls - before.renew_calls;
     let release_started = Instant::now();
-    drop(held);
+    // Close first: it releases every lease still held (dropping the handles
+    // first would release each in a background task instead).
     session.close().await;
+    drop(held);
     let release_secs = release_started.elapsed().as_secs_f64();
     Ok(SessionRun {
         backend: backend.into(),

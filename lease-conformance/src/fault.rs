@@ -78,6 +78,9 @@ impl SessionStore for PartitionedSession {
     async fn close(&self) {
         self.inner.close().await;
     }
+    fn close_releases_all(&self) -> bool {
+        self.inner.close_releases_all()
+    }
 }
 
 #[async_trait]

@@ -151,6 +151,11 @@ impl SessionStore for EtcdSessionStore {
         usize::MAX
     }
 
+    /// Revoking the session's etcd lease deletes every key attached to it.
+    fn close_releases_all(&self) -> bool {
+        true
+    }
+
     async fn close(&self) {
         if let Some(c) = self.current.lock().await.take()
             && let Err(e) = self.provider.revoke(c.id).await
