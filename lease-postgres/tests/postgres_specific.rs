@@ -571,3 +571,62 @@ async fn a_statement_cut_off_by_the_timeout_does_not_block_the_next_operation() 
         "the cut-off acquire committed later: {now:?}"
     );
 }
+
+/// A session's batch step: a thousand rows renewed by one UPDATE, counted by
+/// a statement-level trigger on a private table; a row whose lease was
+/// released is not touched and answers Lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_many_renews_a_thousand_rows_with_one_statement() {
+    let table = unique("batch");
+    let p = PostgresProvider::new(
+        PostgresConfig::new(store_url("LEASE_TEST_POSTGRES_URL"))
+            .namespace(unique("batch"))
+            .table("public", &table),
+    )
+    .unwrap();
+    let mut leases = Vec::new();
+    for i in 0..1000 {
+        let k = LeaseKey::new(format!("batch/{i}")).unwrap();
+        leases.push(p.try_acquire(&k, TTL).await.unwrap().into_lease().unwrap());
+    }
+    p.release(&leases[7]).await.unwrap();
+    let pool = p.pool().unwrap();
+    let counter = format!("{table}_updates");
+    for sql in [
+        format!("CREATE TABLE \"{counter}\" (n bigint NOT NULL)"),
+        format!("INSERT INTO \"{counter}\" VALUES (0)"),
+        format!(
+            "CREATE FUNCTION \"{counter}_count\"() RETURNS trigger LANGUAGE plpgsql AS
+             $$ BEGIN UPDATE \"{counter}\" SET n = n + 1; RETURN NULL; END $$"
+        ),
+        format!(
+            "CREATE TRIGGER \"{counter}_trigger\" AFTER UPDATE ON \"{table}\"
+             FOR EACH STATEMENT EXECUTE FUNCTION \"{counter}_count\"()"
+        ),
+    ] {
+        sqlx::query(&sql).execute(pool).await.unwrap();
+    }
+    let answers = p.extend_many(&leases).await.unwrap();
+    let statements: i64 = sqlx::query(&format!("SELECT n FROM \"{counter}\""))
+        .fetch_one(pool)
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(statements, 1, "one UPDATE for the batch");
+    for (i, a) in answers.iter().enumerate() {
+        match (i, a) {
+            (7, Err(LeaseError::Lost { .. })) => {}
+            (7, other) => panic!("the released lease answered {other:?}"),
+            (_, Ok(l)) => assert_eq!(l.token(), leases[i].token()),
+            (_, Err(e)) => panic!("lease {i}: {e}"),
+        }
+    }
+    assert!(p.inspect(leases[7].key()).await.unwrap().is_none());
+    for sql in [
+        format!("DROP TABLE \"{table}\""),
+        format!("DROP TABLE \"{counter}\""),
+        format!("DROP FUNCTION \"{counter}_count\"()"),
+    ] {
+        sqlx::query(&sql).execute(pool).await.unwrap();
+    }
+}

@@ -870,3 +870,70 @@ async fn redlock_waiter_does_not_wake_itself_undoing_a_minority_copy() {
     );
     w.release(&got).await.unwrap();
 }
+
+/// Successful calls of each named command so far, from `INFO commandstats`
+/// (commands a script runs are counted too).
+async fn command_calls(server: &OwnedProcess, names: &[&str]) -> i64 {
+    let mut c = admin_connection(server).await;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let field = |l: &str, f: &str| -> i64 {
+        l.split(&format!(",{f}="))
+            .nth(1)
+            .or_else(|| l.split(&format!(":{f}=")).nth(1))
+            .and_then(|v| v.split(',').next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    info.lines()
+        .filter(|l| {
+            names
+                .iter()
+                .any(|n| l.starts_with(&format!("cmdstat_{n}:")))
+        })
+        .map(|l| field(l, "calls") - field(l, "failed_calls") - field(l, "rejected_calls"))
+        .sum()
+}
+
+/// A session's batch step: a thousand leases renewed by one script call on
+/// a private server, each compared by owner (one that was released is Lost
+/// and not touched), counted by `INFO commandstats`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_many_renews_a_thousand_leases_with_one_script_call() {
+    let server = owned_redis(false);
+    let p = provider(&server);
+    let mut leases = Vec::new();
+    for i in 0..1000 {
+        let k = LeaseKey::new(format!("batch/{i}")).unwrap();
+        leases.push(p.try_acquire(&k, TTL).await.unwrap().into_lease().unwrap());
+    }
+    // Load the script once, so the count below is not an EVALSHA refused
+    // with NOSCRIPT plus the EVAL after it.
+    p.extend_many(&leases[..1]).await.unwrap();
+    p.release(&leases[7]).await.unwrap();
+    let scripts = command_calls(&server, &["eval", "evalsha"]).await;
+    let pexpires = command_calls(&server, &["pexpire"]).await;
+    let answers = p.extend_many(&leases).await.unwrap();
+    assert_eq!(
+        command_calls(&server, &["eval", "evalsha"]).await - scripts,
+        1,
+        "one script call for the batch"
+    );
+    assert_eq!(
+        command_calls(&server, &["pexpire"]).await - pexpires,
+        999,
+        "every held lease extended, the released one not"
+    );
+    for (i, a) in answers.iter().enumerate() {
+        match (i, a) {
+            (7, Err(LeaseError::Lost { .. })) => {}
+            (7, other) => panic!("the released lease answered {other:?}"),
+            (_, Ok(l)) => assert_eq!(l.token(), leases[i].token()),
+            (_, Err(e)) => panic!("lease {i}: {e}"),
+        }
+    }
+    // Nobody else got the released key's row touched: it is free.
+    assert!(p.inspect(leases[7].key()).await.unwrap().is_none());
+}

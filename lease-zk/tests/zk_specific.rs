@@ -481,3 +481,46 @@ async fn a_lease_without_a_zookeeper_handle_touches_nothing() {
     );
     p.release(&held).await.unwrap();
 }
+
+/// A session's holder nodes live on the session's own ZooKeeper session and
+/// take no write to stay held: one renewal is one multi-read of up to a
+/// thousand holder nodes, counted by the server, that finds a node deleted
+/// behind the session's back. Closing the session drops every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_renews_a_thousand_holder_nodes_with_one_request() {
+    let zk = owned_zk();
+    let p = ZkProvider::new(on_port(zk.port())).unwrap();
+    let store = until_ok(|| p.session_store(TTL)).await.unwrap();
+    let mut leases = Vec::new();
+    for i in 0..1000 {
+        let k = LeaseKey::new(format!("batch/{i}")).unwrap();
+        let l = until_ok(|| store.try_acquire(&k, TTL)).await;
+        leases.push(l.into_lease().unwrap());
+    }
+    // Another client ends one lease; its holder node goes.
+    p.release(&leases[7]).await.unwrap();
+    let before = quiet(zk.port()).await;
+    let answers = store.renew(&leases).await.unwrap();
+    let sent = packets_received(zk.port()) - before;
+    // The multi-read, this `srvr`, and a session ping that may fall in.
+    assert!(sent <= 3, "{sent} requests to renew 1000 leases");
+    for (i, a) in answers.iter().enumerate() {
+        match (i, a) {
+            (7, Err(LeaseError::Lost { .. })) => {}
+            (7, other) => panic!("the deleted node's lease answered {other:?}"),
+            (_, Ok(l)) => assert!(l.is_valid() && l.token() == leases[i].token()),
+            (_, Err(e)) => panic!("lease {i}: {e}"),
+        }
+    }
+    let k0 = leases[0].key().clone();
+    assert!(p.inspect(&k0).await.unwrap().is_some());
+    store.close().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while p.inspect(&k0).await.unwrap().is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "closing the session left its nodes"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
