@@ -334,6 +334,10 @@ pub fn write(
     let _ = writeln!(md, "\n## 6. Many held leases, renewed by guards\n");
     let _ = writeln!(
         md,
+        "One `LeaseGuard` per lease, each renewing on its own. For many leases in one `LeaseSession` (100,000 per process, renewed in batches), see [SESSIONS.md](SESSIONS.md), written by `scripts/bench-sessions`.\n"
+    );
+    let _ = writeln!(
+        md,
         "| backend | leases | held for (s) | renewals/s | store calls per renewal period | lost | client CPU (s) | peak RSS (MiB) |"
     );
     let _ = writeln!(md, "| --- | --- | --- | --- | --- | --- | --- | --- |");
