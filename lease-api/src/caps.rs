@@ -41,6 +41,10 @@ pub enum ExpiryClock {
     ServerWallClock,
     /// Each node's own clock; a majority decides (Redlock).
     QuorumOfServers,
+    /// The host's monotonic clock (`CLOCK_MONOTONIC`), which every process on
+    /// one machine shares (SQLite): leases work between the processes of one
+    /// host only.
+    HostMonotonic,
 }
 
 /// How a provider learns that a key became free (C9).

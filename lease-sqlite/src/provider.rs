@@ -1,0 +1,669 @@
+//! `SqliteProvider`.
+
+use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lease_api::backend::NotifyWatch;
+use lease_api::{
+    Capabilities, DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, ExpiryClock, FencingToken, KeyWatch, Lease,
+    LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Notifications, OwnerId, Result,
+    TokenDurability, TryAcquire, validate_namespace,
+};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+use sqlx::{Row, Sqlite, Transaction};
+use tokio::io::unix::AsyncFd;
+use tokio::sync::{Notify, OnceCell};
+use tokio::time::Instant;
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+/// How to open the lease database.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct SqliteConfig {
+    /// The database file; created (with its directory's parent existing) on
+    /// first use.
+    pub path: PathBuf,
+    /// The namespace; providers in different namespaces never see each other.
+    pub namespace: String,
+    /// How long one operation waits for another process's write to finish
+    /// before it is reported as `Unavailable`.
+    pub busy_timeout: Duration,
+}
+
+impl SqliteConfig {
+    /// The database at `path`, default namespace, a 5 s busy timeout.
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        SqliteConfig {
+            path: path.into(),
+            namespace: DEFAULT_NAMESPACE.into(),
+            busy_timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// Sets the namespace.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = namespace.into();
+        self
+    }
+
+    /// Sets the busy timeout.
+    pub fn busy_timeout(mut self, timeout: Duration) -> Self {
+        self.busy_timeout = timeout;
+        self
+    }
+}
+
+/// Leases in one SQLite file, shared by every process on the host that opens
+/// it. See the crate docs for where each guarantee comes from.
+#[derive(Clone)]
+pub struct SqliteProvider {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: SqliteConfig,
+    pool: SqlitePool,
+    ready: OnceCell<()>,
+    caps: Capabilities,
+    boot: String,
+    /// The notification directory: a release touches the file of its key's
+    /// bucket there.
+    notify_dir: PathBuf,
+    /// One `Notify` per bucket, woken by the inotify task.
+    released: Arc<Vec<Arc<Notify>>>,
+    watcher: OnceCell<DropGuard>,
+}
+
+impl std::fmt::Debug for SqliteProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteProvider")
+            .field("path", &self.inner.config.path)
+            .field("namespace", &self.inner.config.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Milliseconds of `CLOCK_MONOTONIC`: the host clock every process shares.
+fn host_now_ms() -> Result<i64> {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map_err(|e| LeaseError::protocol(format!("cannot read CLOCK_MONOTONIC: {e}")))?;
+    Ok(t.tv_sec()
+        .saturating_mul(1000)
+        .saturating_add(t.tv_nsec() / 1_000_000))
+}
+
+/// This boot's id; monotonic times of another boot mean nothing now.
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_owned())
+        // Without procfs every lease counts as this boot's.
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn token_i64(t: FencingToken) -> i64 {
+    i64::try_from(t.get()).unwrap_or(-1)
+}
+
+/// Extends (or the many-lease form) compare owner, token and boot.
+const EXTEND: &str = "UPDATE lease_leases SET expires_at = ?1
+     WHERE namespace = ?2 AND key = ?3 AND owner = ?4 AND token = ?5 AND boot = ?6 AND expires_at > ?7";
+const RELEASE: &str = "UPDATE lease_leases SET owner = NULL, expires_at = NULL, holder = NULL
+     WHERE namespace = ?1 AND key = ?2 AND owner = ?3 AND token = ?4 AND boot = ?5 AND expires_at > ?6";
+/// Notification buckets: a release wakes the waiters of keys in its bucket.
+const BUCKETS: usize = 1024;
+/// How many leases one `extend_many` transaction takes.
+const BATCH: usize = 1000;
+/// How often a busy database is retried after the busy timeout.
+const BUSY_RETRIES: usize = 3;
+
+impl SqliteProvider {
+    /// Sets up a provider; the database is opened (and created) on first use.
+    ///
+    /// # Errors
+    /// [`LeaseError::Config`] for a bad namespace or an empty path.
+    pub fn new(config: SqliteConfig) -> Result<Self> {
+        validate_namespace(&config.namespace)?;
+        if config.path.as_os_str().is_empty() {
+            return Err(LeaseError::Config("the SQLite path is empty".into()));
+        }
+        let options = SqliteConnectOptions::new()
+            .filename(&config.path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            // A committed token must survive a power cut (C8).
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(config.busy_timeout);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(config.busy_timeout)
+            .connect_lazy_with(options);
+        let caps = Capabilities::new(
+            "sqlite",
+            ExpiryClock::HostMonotonic,
+            Notifications::Native("inotify on the notification file"),
+        )
+        .with_ttl_limits(Duration::from_millis(10), DEFAULT_MAX_TTL)
+        .with_ttl_granularity(Duration::from_millis(1))
+        .with_expiry_slack(Duration::from_millis(5))
+        .with_durable_tokens(TokenDurability::Durable(
+            "one counter per file, raised in the acquire's transaction, written with synchronous=FULL".into(),
+        ));
+        let mut notify_dir = config.path.clone().into_os_string();
+        notify_dir.push("-notify");
+        Ok(SqliteProvider {
+            inner: Arc::new(Inner {
+                notify_dir: PathBuf::from(notify_dir),
+                config,
+                pool,
+                ready: OnceCell::new(),
+                caps,
+                boot: boot_id(),
+                released: Arc::new((0..BUCKETS).map(|_| Arc::new(Notify::new())).collect()),
+                watcher: OnceCell::new(),
+            }),
+        })
+    }
+
+    /// A provider for a `sqlite://` URL path, in the default namespace.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        Self::new(SqliteConfig::new(path.as_ref()))
+    }
+
+    fn map_err(&self, e: sqlx::Error) -> LeaseError {
+        let path = self.inner.config.path.display();
+        let busy = matches!(&e, sqlx::Error::Database(d) if matches!(d.code().as_deref(), Some("5" | "6" | "261" | "517")));
+        let cannot_open = matches!(&e, sqlx::Error::Database(d) if matches!(d.code().as_deref(), Some("14")))
+            || matches!(
+                e,
+                sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed
+            );
+        if busy || cannot_open {
+            LeaseError::unavailable(
+                format!(
+                    "the SQLite lease database {path} is {}",
+                    if busy {
+                        "busy (another process holds its write lock)"
+                    } else {
+                        "not reachable (cannot open the file)"
+                    }
+                ),
+                e,
+            )
+        } else {
+            LeaseError::backend(format!("the SQLite lease database {path} failed"), e)
+        }
+    }
+
+    /// Creates the tables once per provider.
+    async fn ready(&self) -> Result<()> {
+        self.inner
+            .ready
+            .get_or_try_init(|| async {
+                let mut tx = self.begin().await?;
+                for sql in [
+                    "CREATE TABLE IF NOT EXISTS lease_leases (
+                        namespace  TEXT    NOT NULL,
+                        key        TEXT    NOT NULL,
+                        owner      TEXT    NULL,
+                        token      INTEGER NOT NULL,
+                        expires_at INTEGER NULL,
+                        boot       TEXT    NULL,
+                        holder     TEXT    NULL,
+                        PRIMARY KEY (namespace, key)
+                    ) WITHOUT ROWID",
+                    "CREATE TABLE IF NOT EXISTS lease_tokens (
+                        id   INTEGER PRIMARY KEY CHECK (id = 1),
+                        last INTEGER NOT NULL
+                    )",
+                    "INSERT OR IGNORE INTO lease_tokens (id, last) VALUES (1, 0)",
+                ] {
+                    sqlx::query(sql)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(|e| self.map_err(e))?;
+                }
+                tx.commit().await.map_err(|e| self.map_err(e))
+            })
+            .await
+            .map(|_| ())
+    }
+
+    /// A write transaction that holds SQLite's write lock from its first
+    /// statement (`BEGIN IMMEDIATE`), retried while another process holds it.
+    async fn begin(&self) -> Result<Transaction<'static, Sqlite>> {
+        let mut last = None;
+        for _ in 0..BUSY_RETRIES {
+            match self.inner.pool.begin_with("BEGIN IMMEDIATE").await {
+                Ok(tx) => return Ok(tx),
+                Err(e) => {
+                    let mapped = self.map_err(e);
+                    if !mapped.is_transient() {
+                        return Err(mapped);
+                    }
+                    last = Some(mapped);
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| LeaseError::protocol("no attempt to begin a transaction")))
+    }
+
+    /// Runs a whole write transaction in its own task, so a caller that
+    /// drops its future never leaves a connection inside a transaction, and
+    /// a commit that happens is never half-observed.
+    async fn write<T, F, Fut>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(SqliteProvider) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<T>> + Send + 'static,
+    {
+        self.ready().await?;
+        let this = self.clone();
+        tokio::spawn(f(this))
+            .await
+            .map_err(|e| LeaseError::protocol(format!("a SQLite transaction task failed: {e}")))?
+    }
+
+    /// The bucket of `key`: releases wake only the waiters of their bucket.
+    fn bucket(&self, key: &LeaseKey) -> usize {
+        // FNV-1a: the same in every process, whatever its Rust version.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let ns = self.inner.config.namespace.as_bytes();
+        for b in ns.iter().chain([0u8].iter()).chain(key.as_str().as_bytes()) {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        usize::try_from(h % BUCKETS as u64).unwrap_or(0)
+    }
+
+    /// Wakes the waiters of `key` on the host: closing a file opened for
+    /// writing is an `IN_CLOSE_WRITE` event, with the file's name, for every
+    /// watcher of the notification directory.
+    fn announce(&self, key: &LeaseKey) {
+        let file = self.inner.notify_dir.join(format!("{:03x}", self.bucket(key)));
+        let touched = std::fs::create_dir_all(&self.inner.notify_dir).and_then(|()| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&file)
+        });
+        if let Err(e) = touched {
+            tracing::debug!(path = %file.display(), error = %e, "cannot touch the notification file; waiters wake by the TTL");
+        }
+    }
+
+    /// Starts the inotify watch once; afterwards every release on the host
+    /// wakes this provider's waiters of its key's bucket.
+    async fn ensure_watcher(&self) -> Result<()> {
+        self.inner
+            .watcher
+            .get_or_try_init(|| async {
+                // The directory must exist before it can be watched.
+                std::fs::create_dir_all(&self.inner.notify_dir).map_err(|e| {
+                    LeaseError::unavailable(
+                        format!(
+                            "cannot create the notification directory {}",
+                            self.inner.notify_dir.display()
+                        ),
+                        e,
+                    )
+                })?;
+                let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
+                    .map_err(|e| LeaseError::unavailable("cannot start inotify", e))?;
+                inotify
+                    .add_watch(&self.inner.notify_dir, AddWatchFlags::IN_CLOSE_WRITE)
+                    .map_err(|e| {
+                        LeaseError::unavailable("cannot watch the notification directory", e)
+                    })?;
+                // `AsyncFd::new` is deprecated in favour of an unsafe
+                // `register`: the risk is a descriptor closed while still
+                // registered. Here the AsyncFd owns the Inotify, which owns
+                // the descriptor, so it is deregistered before it is closed.
+                #[allow(deprecated)]
+                let fd = AsyncFd::new(Watched(inotify))
+                    .map_err(|e| LeaseError::unavailable("cannot register inotify", e))?;
+                let stop = CancellationToken::new();
+                tokio::spawn(watch_releases(
+                    fd,
+                    Arc::clone(&self.inner.released),
+                    stop.clone(),
+                ));
+                Ok::<_, LeaseError>(stop.drop_guard())
+            })
+            .await
+            .map(|_| ())
+    }
+
+    fn lease_row_live(&self, row: &Option<(Option<String>, Option<i64>, Option<String>)>, now: i64) -> Option<i64> {
+        match row {
+            Some((Some(_), Some(expires), Some(boot))) if *boot == self.inner.boot && *expires > now => {
+                Some(*expires - now)
+            }
+            _ => None,
+        }
+    }
+
+    /// Deletes every lease row of the namespaces starting with `prefix` (the
+    /// token counter stays, so tokens keep growing); returns how many went.
+    ///
+    /// # Errors
+    /// `Config` for an empty prefix; `Unavailable` when the file is busy.
+    pub async fn purge_namespaces(&self, prefix: &str) -> Result<u64> {
+        lease_api::backend::validate_purge_prefix(prefix)?;
+        let prefix = prefix.to_owned();
+        self.write(move |this| async move {
+            let mut tx = this.begin().await?;
+            let done = sqlx::query("DELETE FROM lease_leases WHERE substr(namespace, 1, length(?1)) = ?1")
+                .bind(&prefix)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| this.map_err(e))?;
+            tx.commit().await.map_err(|e| this.map_err(e))?;
+            Ok(done.rows_affected())
+        })
+        .await
+    }
+}
+
+/// The inotify descriptor, for tokio's readiness.
+struct Watched(Inotify);
+
+impl AsRawFd for Watched {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_fd().as_raw_fd()
+    }
+}
+
+/// Wakes the waiters of a bucket on each event of its file (every waiter if
+/// the kernel's event queue overflowed), until the provider goes.
+async fn watch_releases(
+    fd: AsyncFd<Watched>,
+    released: Arc<Vec<Arc<Notify>>>,
+    stop: CancellationToken,
+) {
+    loop {
+        let ready = tokio::select! {
+            _ = stop.cancelled() => return,
+            r = fd.readable() => r,
+        };
+        let mut guard = match ready {
+            Ok(g) => g,
+            Err(e) => {
+                tracing::warn!(error = %e, "inotify failed; waiters wake by the TTL");
+                return;
+            }
+        };
+        match guard.get_inner().0.read_events() {
+            Ok(events) => {
+                for event in events {
+                    let bucket = event
+                        .name
+                        .as_ref()
+                        .and_then(|n| n.to_str())
+                        .and_then(|n| usize::from_str_radix(n, 16).ok())
+                        .and_then(|b| released.get(b));
+                    match bucket {
+                        Some(n) if !event.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) => {
+                            n.notify_waiters();
+                        }
+                        _ => released.iter().for_each(|n| n.notify_waiters()),
+                    }
+                }
+            }
+            Err(nix::errno::Errno::EAGAIN) => guard.clear_ready(),
+            Err(e) => {
+                tracing::warn!(error = %e, "reading inotify failed; waiters wake by the TTL");
+                return;
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl LeaseProvider for SqliteProvider {
+    fn capabilities(&self) -> &Capabilities {
+        &self.inner.caps
+    }
+
+    fn namespace(&self) -> &str {
+        &self.inner.config.namespace
+    }
+
+    async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
+        let ttl = self.inner.caps.grant_ttl(ttl)?;
+        let key = key.clone();
+        let sent_at = Instant::now();
+        self.write(move |this| async move {
+            let owner = OwnerId::random();
+            let holder = lease_api::holder();
+            let ns = this.inner.config.namespace.clone();
+            let mut tx = this.begin().await?;
+            // The write lock is held: the clock is read after it was granted.
+            let now = host_now_ms()?;
+            let row: Option<(Option<String>, Option<i64>, Option<String>)> = sqlx::query(
+                "SELECT owner, expires_at, boot FROM lease_leases WHERE namespace = ?1 AND key = ?2",
+            )
+            .bind(&ns)
+            .bind(key.as_str())
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(|e| this.map_err(e))?
+            .map(|r| (r.get(0), r.get(1), r.get(2)));
+            if let Some(remaining) = this.lease_row_live(&row, now) {
+                tx.rollback().await.map_err(|e| this.map_err(e))?;
+                return Ok(TryAcquire::Held {
+                    remaining: Some(Duration::from_millis(u64::try_from(remaining).unwrap_or(0))),
+                });
+            }
+            let token: i64 = sqlx::query("UPDATE lease_tokens SET last = last + 1 WHERE id = 1 RETURNING last")
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(|e| this.map_err(e))?
+                .get(0);
+            sqlx::query(
+                "INSERT INTO lease_leases (namespace, key, owner, token, expires_at, boot, holder)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+                 ON CONFLICT (namespace, key) DO UPDATE SET owner = excluded.owner,
+                    token = excluded.token, expires_at = excluded.expires_at,
+                    boot = excluded.boot, holder = excluded.holder",
+            )
+            .bind(&ns)
+            .bind(key.as_str())
+            .bind(owner.to_hex())
+            .bind(token)
+            .bind(now.saturating_add(millis(ttl)))
+            .bind(&this.inner.boot)
+            .bind(&*holder)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| this.map_err(e))?;
+            tx.commit().await.map_err(|e| this.map_err(e))?;
+            let token = u64::try_from(token)
+                .map_err(|_| LeaseError::protocol(format!("negative token {token}")))?;
+            Ok(TryAcquire::Acquired(
+                Lease::new(key, FencingToken(token), owner, ttl, sent_at).with_holder(holder),
+            ))
+        })
+        .await
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        let ttl = self.inner.caps.grant_ttl(ttl)?;
+        let mut answers = self.extend_all(vec![(lease.clone(), ttl)]).await?;
+        answers
+            .pop()
+            .unwrap_or_else(|| Err(LeaseError::protocol("an extend returned no answer")))
+    }
+
+    /// Every lease of the batch in one transaction (one fsync).
+    async fn extend_many(&self, leases: &[Lease]) -> Result<Vec<Result<Lease>>> {
+        let mut out = Vec::with_capacity(leases.len());
+        let mut valid = Vec::new();
+        let mut slots = Vec::with_capacity(leases.len());
+        for l in leases {
+            match self.inner.caps.grant_ttl(l.ttl()) {
+                Ok(ttl) => {
+                    slots.push(None);
+                    valid.push((l.clone(), ttl));
+                }
+                Err(e) => slots.push(Some(e)),
+            }
+        }
+        let mut answers = self.extend_all(valid).await?.into_iter();
+        for slot in slots {
+            out.push(match slot {
+                Some(e) => Err(e),
+                None => answers
+                    .next()
+                    .unwrap_or_else(|| Err(LeaseError::protocol("a batched extend lost an answer"))),
+            });
+        }
+        Ok(out)
+    }
+
+    fn batch_limit(&self) -> usize {
+        BATCH
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        let sent = lease.clone();
+        let released = self
+            .write(move |this| async move {
+                let mut tx = this.begin().await?;
+                let now = host_now_ms()?;
+                let done = sqlx::query(RELEASE)
+                    .bind(&this.inner.config.namespace)
+                    .bind(sent.key().as_str())
+                    .bind(sent.owner().to_hex())
+                    .bind(token_i64(sent.token()))
+                    .bind(&this.inner.boot)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| this.map_err(e))?;
+                tx.commit().await.map_err(|e| this.map_err(e))?;
+                Ok(done.rows_affected() == 1)
+            })
+            .await?;
+        if released {
+            self.announce(lease.key());
+            Ok(())
+        } else {
+            Err(LeaseError::not_held(lease))
+        }
+    }
+
+    async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>> {
+        self.ready().await?;
+        let row = sqlx::query(
+            "SELECT owner, expires_at, boot, token, holder FROM lease_leases WHERE namespace = ?1 AND key = ?2",
+        )
+        .bind(&self.inner.config.namespace)
+        .bind(key.as_str())
+        .fetch_optional(&self.inner.pool)
+        .await
+        .map_err(|e| self.map_err(e))?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let now = host_now_ms()?;
+        let state = Some((row.get(0), row.get(1), row.get(2)));
+        let Some(remaining) = self.lease_row_live(&state, now) else {
+            return Ok(None);
+        };
+        let owner: Option<String> = row.get(0);
+        let token: i64 = row.get(3);
+        Ok(Some(LeaseInfo::new(
+            FencingToken(u64::try_from(token).unwrap_or(0)),
+            Duration::from_millis(u64::try_from(remaining).unwrap_or(0)),
+            owner.as_deref().and_then(OwnerId::from_hex),
+            row.get(4),
+        )))
+    }
+
+    async fn watch(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {
+        self.ensure_watcher().await?;
+        let bucket = self
+            .inner
+            .released
+            .get(self.bucket(key))
+            .ok_or_else(|| LeaseError::protocol("a notification bucket out of range"))?;
+        Ok(Box::new(NotifyWatch::new(Arc::clone(bucket))))
+    }
+}
+
+impl SqliteProvider {
+    /// Extends each `(lease, ttl)` in one transaction; one answer each.
+    async fn extend_all(&self, leases: Vec<(Lease, Duration)>) -> Result<Vec<Result<Lease>>> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sent_at = Instant::now();
+        let sent = leases.clone();
+        let done: Vec<bool> = self
+            .write(move |this| async move {
+                let mut tx = this.begin().await?;
+                let now = host_now_ms()?;
+                let mut done = Vec::with_capacity(sent.len());
+                for (lease, ttl) in &sent {
+                    let r = sqlx::query(EXTEND)
+                        .bind(now.saturating_add(millis(*ttl)))
+                        .bind(&this.inner.config.namespace)
+                        .bind(lease.key().as_str())
+                        .bind(lease.owner().to_hex())
+                        .bind(token_i64(lease.token()))
+                        .bind(&this.inner.boot)
+                        .bind(now)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(|e| this.map_err(e))?;
+                    done.push(r.rows_affected() == 1);
+                }
+                tx.commit().await.map_err(|e| this.map_err(e))?;
+                Ok(done)
+            })
+            .await?;
+        Ok(leases
+            .iter()
+            .zip(done)
+            .map(|((lease, ttl), ok)| {
+                if ok {
+                    Ok(lease.renewed(*ttl, sent_at))
+                } else {
+                    Err(LeaseError::lost(lease))
+                }
+            })
+            .collect())
+    }
+}
+
+impl FromStr for SqliteConfig {
+    type Err = LeaseError;
+
+    /// `sqlite:///absolute/path/leases.db` or `sqlite://relative/path.db`.
+    fn from_str(url: &str) -> Result<Self> {
+        let path = url
+            .strip_prefix("sqlite://")
+            .ok_or_else(|| LeaseError::Config(format!("{url:?} is not a sqlite:// URL")))?;
+        if path.is_empty() {
+            return Err(LeaseError::Config(
+                "a sqlite:// URL needs a file path, e.g. sqlite:///var/lib/lease/leases.db".into(),
+            ));
+        }
+        Ok(SqliteConfig::new(path))
+    }
+}
