@@ -293,7 +293,10 @@ impl SqliteProvider {
     /// writing is an `IN_CLOSE_WRITE` event, with the file's name, for every
     /// watcher of the notification directory.
     fn announce(&self, key: &LeaseKey) {
-        let file = self.inner.notify_dir.join(format!("{:03x}", self.bucket(key)));
+        let file = self
+            .inner
+            .notify_dir
+            .join(format!("{:03x}", self.bucket(key)));
         let touched = std::fs::create_dir_all(&self.inner.notify_dir).and_then(|()| {
             std::fs::OpenOptions::new()
                 .write(true)
@@ -348,9 +351,15 @@ impl SqliteProvider {
             .map(|_| ())
     }
 
-    fn lease_row_live(&self, row: &Option<(Option<String>, Option<i64>, Option<String>)>, now: i64) -> Option<i64> {
+    fn lease_row_live(
+        &self,
+        row: &Option<(Option<String>, Option<i64>, Option<String>)>,
+        now: i64,
+    ) -> Option<i64> {
         match row {
-            Some((Some(_), Some(expires), Some(boot))) if *boot == self.inner.boot && *expires > now => {
+            Some((Some(_), Some(expires), Some(boot)))
+                if *boot == self.inner.boot && *expires > now =>
+            {
                 Some(*expires - now)
             }
             _ => None,
@@ -367,11 +376,12 @@ impl SqliteProvider {
         let prefix = prefix.to_owned();
         self.write(move |this| async move {
             let mut tx = this.begin().await?;
-            let done = sqlx::query("DELETE FROM lease_leases WHERE substr(namespace, 1, length(?1)) = ?1")
-                .bind(&prefix)
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| this.map_err(e))?;
+            let done =
+                sqlx::query("DELETE FROM lease_leases WHERE substr(namespace, 1, length(?1)) = ?1")
+                    .bind(&prefix)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| this.map_err(e))?;
             tx.commit().await.map_err(|e| this.map_err(e))?;
             Ok(done.rows_affected())
         })
@@ -527,9 +537,9 @@ impl LeaseProvider for SqliteProvider {
         for slot in slots {
             out.push(match slot {
                 Some(e) => Err(e),
-                None => answers
-                    .next()
-                    .unwrap_or_else(|| Err(LeaseError::protocol("a batched extend lost an answer"))),
+                None => answers.next().unwrap_or_else(|| {
+                    Err(LeaseError::protocol("a batched extend lost an answer"))
+                }),
             });
         }
         Ok(out)
