@@ -326,12 +326,10 @@ fn load_config(cli: &Cli) -> Result<StoreConfig, LeaseError> {
     let mut config = match &cli.config {
         Some(path) => StoreConfig::from_toml_file(path)?,
         None => {
-            let store = cli.store.clone().ok_or_else(|| {
-                LeaseError::Config(format!(
-                    "no store given: use --store URL, LEASE_STORE, or --config FILE ({})",
-                    lease::URL_FORMS
-                ))
-            })?;
+            let store = match cli.store.clone() {
+                Some(store) => store,
+                None => default_store()?,
+            };
             // LEASE_DEFAULT_TTL and the timeouts come from the environment;
             // a garbage value is an error naming the variable.
             StoreConfig::from_lookup(|name| match name {
@@ -348,7 +346,55 @@ fn load_config(cli: &Cli) -> Result<StoreConfig, LeaseError> {
     if let Some(ns) = &cli.namespace {
         config.namespace = ns.clone();
     }
+    if cli.verbose > 0 {
+        eprintln!(
+            "lease: store {}, namespace {}",
+            lease::redact(&config.store),
+            config.namespace
+        );
+    }
     Ok(config)
+}
+
+/// The store when none is given: a SQLite file every process of this user on
+/// this host shares, in the XDG state directory (`~/.local/state/lease`), or
+/// `/var/lib/lease` for root. It works with no server, across processes, and
+/// with fencing tokens; for more than one host, give a networked store.
+fn default_store() -> Result<String, LeaseError> {
+    let dir = if nix::unistd::geteuid().is_root() {
+        std::path::PathBuf::from("/var/lib/lease")
+    } else {
+        let state = std::env::var_os("XDG_STATE_HOME")
+            .map(std::path::PathBuf::from)
+            .filter(|p| p.is_absolute())
+            .or_else(|| {
+                std::env::var_os("HOME")
+                    .map(std::path::PathBuf::from)
+                    .filter(|p| p.is_absolute())
+                    .map(|h| h.join(".local").join("state"))
+            })
+            .ok_or_else(|| {
+                LeaseError::Config(format!(
+                    "no store given, and neither XDG_STATE_HOME nor HOME says where to keep the default SQLite database; use --store URL, LEASE_STORE, or --config FILE ({})",
+                    lease::URL_FORMS
+                ))
+            })?;
+        state.join("lease")
+    };
+    std::fs::create_dir_all(&dir).map_err(|e| {
+        LeaseError::Config(format!(
+            "no store given, and the default SQLite database's directory {} cannot be created ({e}); use --store URL or LEASE_STORE",
+            dir.display()
+        ))
+    })?;
+    let path = dir.join("leases.db");
+    let path = path.to_str().ok_or_else(|| {
+        LeaseError::Config(format!(
+            "the default SQLite path {} is not UTF-8; use --store sqlite:///path",
+            path.display()
+        ))
+    })?;
+    Ok(format!("sqlite://{path}"))
 }
 
 fn main() -> ExitCode {

@@ -1185,3 +1185,74 @@ fn completions_and_version_are_printed() {
         assert!(!out.stdout.is_empty(), "{args:?}");
     }
 }
+
+/// With no store given, `lease run` uses the per-user SQLite database and
+/// coordinates separate processes: 8 concurrent runs of 5 read-increment-write
+/// rounds each end exact, with growing tokens.
+#[test]
+fn with_no_store_runs_coordinate_across_processes() {
+    let dir = TempDir::new("lease-cli-default");
+    let counter = dir.path().join("counter");
+    std::fs::write(&counter, "0").unwrap();
+    let ns = unique("default-store");
+    let script = format!(
+        "n=$(cat {c}); sleep 0.01; echo $((n+1)) > {c}; echo $LEASE_TOKEN >> {c}.tokens",
+        c = counter.display()
+    );
+    // Each round is its own `lease run` (as root the database is in
+    // /var/lib/lease; the namespace keeps this run apart).
+    let rounds: Vec<Child> = (0..8)
+        .map(|_| {
+            let script = script.clone();
+            let ns = ns.clone();
+            let xdg = dir.path().to_path_buf();
+            let bin = env!("CARGO_BIN_EXE_lease");
+            Command::new("sh")
+                .arg("-c")
+                .arg(format!(
+                    "for i in 1 2 3 4 5; do XDG_STATE_HOME={xdg} {bin} --namespace {ns} run --key counter --wait 60s -- sh -c '{script}' || exit 1; done",
+                    xdg = xdg.display()
+                ))
+                .env_remove("LEASE_STORE")
+                .env_remove("LEASE_CONFIG")
+                .env_remove("LEASE_NAMESPACE")
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut r in rounds {
+        assert!(r.wait().unwrap().success(), "a round failed");
+    }
+    assert_eq!(std::fs::read_to_string(&counter).unwrap().trim(), "40");
+    let tokens: Vec<u64> = std::fs::read_to_string(format!("{}.tokens", counter.display()))
+        .unwrap()
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect();
+    assert_eq!(tokens.len(), 40);
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens grow: {tokens:?}"
+    );
+    // `-v` says which store it used.
+    let out = lease()
+        .env("XDG_STATE_HOME", dir.path())
+        .args([
+            "-v",
+            "--namespace",
+            &ns,
+            "run",
+            "--key",
+            "other",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("sqlite://"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

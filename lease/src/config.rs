@@ -10,7 +10,8 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 /// The store URL forms this crate understands.
 pub const URL_FORMS: &str = "memory://, redis://host:port[/db], rediss://...[?ca=/path/ca.pem], \
 redlock://host1:port,host2:port,host3:port, postgres://user@host/db[?lease_table=schema.table], \
-etcd://host1:port[,host2:port] (etcds:// for TLS), zk://host1:port[,host2:port][/chroot]";
+etcd://host1:port[,host2:port] (etcds:// for TLS), zk://host1:port[,host2:port][/chroot], \
+sqlite:///path/to/leases.db";
 
 /// A parsed store URL. `Debug` and `Display` show it with passwords redacted.
 #[derive(Clone, PartialEq, Eq)]
@@ -39,6 +40,9 @@ pub enum Store {
         /// User, password and TLS files.
         access: EtcdAccess,
     },
+    /// `sqlite:///path/to/leases.db`: one file every process on this host
+    /// shares.
+    Sqlite(String),
     /// `zk://h1,h2/chroot`.
     Zk {
         /// `host:port` list.
@@ -226,6 +230,7 @@ impl std::fmt::Display for Store {
         };
         let shown = match self {
             Store::Memory => "memory://".to_owned(),
+            Store::Sqlite(path) => format!("sqlite://{path}"),
             Store::Redis(url) => url.clone(),
             Store::Redlock(nodes) => format!(
                 "redlock://{}",
@@ -342,6 +347,15 @@ impl Store {
                 Ok(Store::Postgres { url, schema, table })
             }
             "etcd" | "etcds" => parse_etcd(scheme, rest),
+            "sqlite" => {
+                if rest.is_empty() || rest.contains('?') {
+                    return Err(config_err(format!(
+                        "sqlite:// takes a file path and nothing else, e.g. sqlite:///var/lib/lease/leases.db; got {:?}",
+                        crate::redact(url)
+                    )));
+                }
+                Ok(Store::Sqlite(rest.to_owned()))
+            }
             "zk" | "zookeeper" => {
                 let (list, chroot) = match rest.find('/') {
                     Some(i) if i + 1 < rest.len() => {
@@ -391,6 +405,7 @@ impl Store {
     pub fn unreachable(&self) -> Store {
         match self {
             Store::Memory => Store::Memory,
+            Store::Sqlite(_) => Store::Sqlite("/nonexistent-lease-dir/leases.db".into()),
             Store::Redis(_) => Store::Redis("redis://127.0.0.1:1".into()),
             Store::Redlock(_) => Store::Redlock(vec![
                 "redis://127.0.0.1:1".into(),
@@ -418,6 +433,7 @@ impl Store {
     pub fn kind(&self) -> &'static str {
         match self {
             Store::Memory => "memory",
+            Store::Sqlite(_) => "sqlite",
             Store::Redis(_) => "redis",
             Store::Redlock(_) => "redlock",
             Store::Postgres { .. } => "postgres",
@@ -454,6 +470,12 @@ impl Store {
         let _ = (connect, request);
         match self {
             Store::Memory => Ok(Arc::new(process_store().provider(namespace)?)),
+            #[cfg(feature = "sqlite")]
+            Store::Sqlite(path) => Ok(Arc::new(lease_sqlite::SqliteProvider::new(
+                lease_sqlite::SqliteConfig::new(path)
+                    .namespace(namespace)
+                    .busy_timeout(request),
+            )?)),
             #[cfg(feature = "redis")]
             Store::Redis(url) => Ok(Arc::new(lease_redis::RedisProvider::new(
                 lease_redis::RedisConfig::new(url)
@@ -521,6 +543,14 @@ impl Store {
         let _ = (connect, request);
         match self {
             Store::Memory => process_store().purge_namespaces(prefix),
+            #[cfg(feature = "sqlite")]
+            Store::Sqlite(path) => {
+                lease_sqlite::SqliteProvider::new(
+                    lease_sqlite::SqliteConfig::new(path).busy_timeout(request),
+                )?
+                .purge_namespaces(prefix)
+                .await
+            }
             #[cfg(feature = "redis")]
             Store::Redis(url) => {
                 lease_redis::RedisProvider::new(
@@ -581,6 +611,7 @@ impl Store {
 fn feature_of(store: &Store) -> &'static str {
     match store {
         Store::Memory => "memory",
+        Store::Sqlite(_) => "sqlite",
         Store::Redis(_) | Store::Redlock(_) => "redis",
         Store::Postgres { .. } => "postgres",
         Store::Etcd { .. } => "etcd",

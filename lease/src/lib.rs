@@ -47,5 +47,7 @@ pub use lease_etcd;
 pub use lease_postgres;
 #[cfg(feature = "redis")]
 pub use lease_redis;
+#[cfg(feature = "sqlite")]
+pub use lease_sqlite;
 #[cfg(feature = "zk")]
 pub use lease_zk;
