@@ -38,7 +38,7 @@ struct Opts {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "memory,redis,redlock,postgres,etcd,zk"
+        default_value = "memory,redis,redlock,postgres,etcd,zk,sqlite"
     )]
     backends: Vec<String>,
     /// Runs per backend; each figure is reported as the median run with the
@@ -254,6 +254,8 @@ fn store_url(backend: &str) -> String {
         "postgres" => env("LEASE_TEST_POSTGRES_URL"),
         "etcd" => env("LEASE_TEST_ETCD_URL").replace("http://", "etcd://"),
         "zk" => format!("zk://{}", env("LEASE_TEST_ZK_URL")),
+        // A fresh file per process, beside the raw floor's lock files.
+        "sqlite" => format!("sqlite://{}", raw::sqlite_dir().join("bench.db").display()),
         other => {
             eprintln!("lease-bench: unknown backend {other}");
             std::process::exit(2)

@@ -646,6 +646,99 @@ async fn zk_dir(client: &zk::Client, dir: &str) -> Result<()> {
     }
 }
 
+// ---------- SQLite: flock(2), the one-host floor ----------
+
+/// This process's directory for the SQLite benchmark database and the
+/// flock files (under the system temporary directory).
+pub fn sqlite_dir() -> std::path::PathBuf {
+    static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("lease-bench-sqlite-{}", std::process::id()));
+        // A failure shows up as the store's own error on first use.
+        let _ = std::fs::create_dir_all(&dir);
+        dir
+    })
+    .clone()
+}
+
+/// What `flock(1)` does, without its process start: an exclusive `flock(2)` on
+/// a lock file per key. No TTL, no token, no lost signal: the floor a
+/// one-host lease is measured against.
+struct FlockRaw {
+    held: HashMap<String, nix::fcntl::Flock<std::fs::File>>,
+}
+
+fn lock_file(key: &str) -> Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(sqlite_dir().join(format!("{}.lock", key.replace('/', "_"))))
+        .map_err(err)
+}
+
+#[async_trait]
+impl Raw for FlockRaw {
+    fn name(&self) -> &'static str {
+        "flock(2) LOCK_EX|LOCK_NB / LOCK_UN on a lock file (what flock(1) runs), via nix"
+    }
+    async fn acquire(&mut self, key: &str, _ttl: Duration) -> Result<()> {
+        let file = lock_file(key)?;
+        let locked = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+            .map_err(|(_, e)| err(e))?;
+        self.held.insert(key.to_owned(), locked);
+        Ok(())
+    }
+    async fn extend(&mut self, _key: &str, _ttl: Duration) -> Result<()> {
+        // flock has no expiry to push.
+        Ok(())
+    }
+    async fn release(&mut self, key: &str) -> Result<()> {
+        if let Some(locked) = self.held.remove(key) {
+            locked.unlock().map_err(|(_, e)| err(e))?;
+        }
+        Ok(())
+    }
+    async fn handoff(&mut self, key: &str, rounds: usize) -> Result<Option<Vec<Duration>>> {
+        let k = key.to_owned();
+        // The waiter blocks in flock(2) on its own open file, in a thread.
+        let waiter = move || {
+            let k = k.clone();
+            async move {
+                tokio::task::spawn_blocking(move || {
+                    let file = lock_file(&k)?;
+                    let locked = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+                        .map_err(|(_, e)| err(e))?;
+                    let t1 = Instant::now();
+                    locked.unlock().map_err(|(_, e)| err(e))?;
+                    Ok::<_, LeaseError>(t1)
+                })
+                .await
+                .map_err(err)?
+            }
+        };
+        let mut holding: Option<nix::fcntl::Flock<std::fs::File>>;
+        let out = handoff_rounds!(
+            rounds,
+            {
+                holding = Some(
+                    nix::fcntl::Flock::lock(lock_file(key)?, nix::fcntl::FlockArg::LockExclusive)
+                        .map_err(|(_, e)| err(e))?,
+                );
+            },
+            waiter,
+            {
+                if let Some(locked) = holding.take() {
+                    locked.unlock().map_err(|(_, e)| err(e))?;
+                }
+            }
+        );
+        let _ = holding;
+        Ok(Some(out))
+    }
+}
+
 pub async fn raw_for(name: &str, store: &Store) -> Result<Option<Box<dyn Raw>>> {
     Ok(match store {
         Store::Redis(url) => Some(Box::new(RedisRaw {
@@ -674,6 +767,9 @@ pub async fn raw_for(name: &str, store: &Store) -> Result<Option<Box<dyn Raw>>> 
         Store::Etcd { endpoints: eps, .. } => Some(Box::new(EtcdRaw {
             client: etcd_client::Client::connect(eps, None).await.map_err(err)?,
             leases: HashMap::new(),
+        })),
+        Store::Sqlite(_) => Some(Box::new(FlockRaw {
+            held: HashMap::new(),
         })),
         Store::Zk { hosts, .. } => {
             let client = zk_client(hosts).await?;
