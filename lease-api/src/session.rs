@@ -47,6 +47,19 @@ pub trait SessionStore: Send + Sync + fmt::Debug {
     /// store-side session state back (an etcd lease is revoked).
     async fn close(&self) {}
 
+    /// True when the store ties every key of the session to one store-side
+    /// session (an etcd lease, a ZooKeeper session): when one lease runs out
+    /// of validity, the whole session is in doubt, and the loop fires every
+    /// lease and calls [`abandon`](Self::abandon).
+    fn tied_to_session(&self) -> bool {
+        false
+    }
+
+    /// Ends the store-side session after its leases were told they are lost,
+    /// so their keys do not outlive them: an etcd lease is revoked, a
+    /// ZooKeeper session closed. Later acquires start a new one.
+    async fn abandon(&self) {}
+
     /// True when [`close`](Self::close) itself frees every key of the session
     /// in one store call (revoking the etcd lease they are attached to deletes
     /// them all), so closing skips releasing them one by one.
@@ -144,6 +157,7 @@ impl SessionConfig {
 
 #[derive(Clone, Copy, Debug)]
 struct Timing {
+    window: Duration,
     renew_every: Duration,
     retry_every: Duration,
     lost_margin: Duration,
@@ -167,6 +181,7 @@ impl Timing {
             .unwrap_or((window / 10).clamp(Duration::from_millis(10), Duration::from_secs(1)))
             .max(Duration::from_millis(1));
         Timing {
+            window,
             renew_every,
             retry_every,
             lost_margin,
@@ -174,10 +189,13 @@ impl Timing {
     }
 
     fn fire_at(&self, lease: &Lease) -> Instant {
-        lease
-            .valid_until()
+        self.fire_at_of(lease.valid_until())
+    }
+
+    fn fire_at_of(&self, valid_until: Instant) -> Instant {
+        valid_until
             .checked_sub(self.lost_margin)
-            .unwrap_or_else(|| lease.valid_until())
+            .unwrap_or(valid_until)
     }
 }
 
@@ -207,6 +225,13 @@ impl Shared {
     }
 }
 
+/// What the renewal loop must know about leases added since it last looked.
+#[derive(Clone, Copy, Debug)]
+struct Added {
+    window: Duration,
+    earliest_valid_until: Instant,
+}
+
 /// Counters of a session's renewal loop, for benchmarks and monitoring.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -229,6 +254,9 @@ struct Inner {
     parallel: usize,
     leases: Mutex<HashMap<u64, Arc<Shared>>>,
     next_id: AtomicU64,
+    /// Leases added since the loop last looked: the shortest validity window
+    /// and the earliest validity among them.
+    pending: Mutex<Option<Added>>,
     added: Notify,
     stop: CancellationToken,
     rounds: AtomicU64,
@@ -314,6 +342,7 @@ impl LeaseSession {
             parallel: config.parallel_batches.max(1),
             leases: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
+            pending: Mutex::new(None),
             added: Notify::new(),
             stop: CancellationToken::new(),
             rounds: AtomicU64::new(0),
@@ -361,6 +390,24 @@ impl LeaseSession {
 
     fn adopt(&self, lease: Lease) -> SessionLease {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let window = lease
+            .valid_until()
+            .saturating_duration_since(lease.sent_at());
+        let valid_until = lease.valid_until();
+        {
+            let mut pending = lock(&self.inner.pending);
+            let merged = match *pending {
+                Some(p) => Added {
+                    window: p.window.min(window),
+                    earliest_valid_until: p.earliest_valid_until.min(valid_until),
+                },
+                None => Added {
+                    window,
+                    earliest_valid_until: valid_until,
+                },
+            };
+            *pending = Some(merged);
+        }
         let shared = Arc::new(Shared::new(lease));
         lock(&self.inner.leases).insert(id, Arc::clone(&shared));
         self.inner.added.notify_one();
@@ -420,13 +467,23 @@ impl Drop for LeaseSession {
         for (_, shared) in lock(&self.inner.leases).drain() {
             shared.fire(LostReason::Closed);
         }
+        // A store-side session would keep the keys alive as long as its
+        // client lives (the handles still hold it): end it.
+        if self.inner.store.tied_to_session()
+            && let Ok(handle) = tokio::runtime::Handle::try_current()
+        {
+            let store = Arc::clone(&self.inner.store);
+            handle.spawn(async move { store.abandon().await });
+        }
     }
 }
 
 /// One lease of a [`LeaseSession`]: its token, its key and its own lost signal.
 ///
 /// Release it with [`release`](Self::release); dropping it releases on a best
-/// effort basis in the background. The session goes on either way.
+/// effort basis in the background. The session goes on either way. A lease
+/// whose release fails runs out by its TTL, or, on a store-side session
+/// (etcd, ZooKeeper), when the session is closed or abandoned.
 #[derive(Debug)]
 pub struct SessionLease {
     id: u64,
@@ -532,8 +589,8 @@ impl Drop for FireUnlessStopped {
 
 async fn renew_loop(inner: Arc<Inner>, config: SessionConfig) {
     let _fire = FireUnlessStopped(Arc::clone(&inner));
-    // Every lease of the session has the same TTL; the validity window of the
-    // first lease (capped by a ZooKeeper session, say) sets the timing.
+    // Derived from the shortest validity window of any lease added so far
+    // (a ZooKeeper session or a slow Redlock acquire shortens it).
     let mut timing: Option<Timing> = None;
     let backend = inner.provider.capabilities().backend;
     let limit = inner.store.batch_limit().max(1);
@@ -549,13 +606,17 @@ async fn renew_loop(inner: Arc<Inner>, config: SessionConfig) {
         tokio::select! {
             _ = inner.stop.cancelled() => return,
             _ = inner.added.notified() => {
-                let t = *timing.get_or_insert_with(|| {
-                    let first = lock(&inner.leases).values().next().map(|s| lock(&s.lease).clone());
-                    let window = first.map_or(inner.ttl, |l| l.valid_until().saturating_duration_since(l.sent_at()));
-                    Timing::new(window, &config)
-                });
-                // A new lease is due no earlier than the ones already held.
-                let due = Instant::now() + t.renew_every;
+                let Some(added) = lock(&inner.pending).take() else {
+                    continue;
+                };
+                let t = match timing {
+                    Some(t) if t.window <= added.window => t,
+                    _ => Timing::new(added.window, &config),
+                };
+                timing = Some(t);
+                // Renew the new leases within a period, and never after
+                // their own fire time (at once if it already passed).
+                let due = (Instant::now() + t.renew_every).min(t.fire_at_of(added.earliest_valid_until));
                 next_round = Some(next_round.map_or(due, |n| n.min(due)));
                 continue;
             }
@@ -571,56 +632,44 @@ async fn renew_loop(inner: Arc<Inner>, config: SessionConfig) {
             .iter()
             .map(|(id, s)| (*id, Arc::clone(s)))
             .collect();
+        // The round may not outlast the earliest fire time: a store that
+        // hangs must not hold a lost signal back (C11).
+        let round_deadline = held
+            .iter()
+            .map(|(_, s)| t.fire_at(&lock(&s.lease)))
+            .min()
+            .unwrap_or(round_started);
         let failed = Mutex::new(false);
-        futures_util::stream::iter(held.chunks(limit))
-            .for_each_concurrent(inner.parallel, |chunk| {
+        let round = futures_util::stream::iter(held.chunks(limit)).for_each_concurrent(
+            inner.parallel,
+            |chunk| {
                 let inner = &inner;
                 let failed = &failed;
                 async move {
-                    let leases: Vec<Lease> = chunk.iter().map(|(_, s)| lock(&s.lease).clone()).collect();
+                    let leases: Vec<Lease> =
+                        chunk.iter().map(|(_, s)| lock(&s.lease).clone()).collect();
                     inner.renew_calls.fetch_add(1, Ordering::Relaxed);
-                    match inner.store.renew(&leases).await {
-                        Ok(results) if results.len() == chunk.len() => {
-                            for ((id, shared), result) in chunk.iter().zip(results) {
-                                match result {
-                                    Ok(renewed) => {
-                                        crate::observe::record_renewal(backend, true);
-                                        *lock(&shared.lease) = renewed;
-                                    }
-                                    // Not for a lease released meanwhile,
-                                    // which left the table first.
-                                    Err(e) if e.is_not_held() => {
-                                        if lock(&inner.leases).remove(id).is_some() {
-                                            crate::observe::record_lost(backend, "revoked");
-                                            inner.lost.fetch_add(1, Ordering::Relaxed);
-                                            shared.fire(LostReason::Revoked);
-                                        }
-                                    }
-                                    Err(e) => {
-                                        crate::observe::record_renewal(backend, false);
-                                        *lock(failed) = true;
-                                        lock(&shared.last_error).replace(e.to_string());
-                                    }
-                                }
-                            }
-                        }
-                        Ok(results) => {
-                            *lock(failed) = true;
-                            tracing::warn!(sent = chunk.len(), answers = results.len(), "a session renewal answered for the wrong number of leases");
-                        }
-                        Err(e) => {
-                            crate::observe::record_renewal(backend, false);
-                            tracing::warn!(leases = chunk.len(), error = %e, "session renewal failed; retrying until local validity ends");
-                            *lock(failed) = true;
-                            let text = e.to_string();
-                            for (_, shared) in chunk {
-                                lock(&shared.last_error).replace(text.clone());
-                            }
-                        }
-                    }
+                    apply_renewal(
+                        inner,
+                        backend,
+                        chunk,
+                        inner.store.renew(&leases).await,
+                        failed,
+                    );
                 }
-            })
-            .await;
+            },
+        );
+        if tokio::time::timeout_at(round_deadline, round)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                leases = held.len(),
+                "a session renewal round ran into the first lease's fire time; firing by validity"
+            );
+            *lock(&failed) = true;
+        }
+        drop(held);
         // Fire every lease whose validity runs out, and find when the next
         // round must run: the period after this round, sooner after a failure,
         // and never after a lease's fire time.
@@ -632,6 +681,7 @@ async fn renew_loop(inner: Arc<Inner>, config: SessionConfig) {
             deadline_after(round_started, t.renew_every)
         };
         let mut any = false;
+        let mut expired = 0usize;
         lock(&inner.leases).retain(|_, shared| {
             let fire_at = t.fire_at(&lock(&shared.lease));
             if now >= fire_at {
@@ -641,6 +691,7 @@ async fn renew_loop(inner: Arc<Inner>, config: SessionConfig) {
                 shared.fire(LostReason::Expired(last.unwrap_or_else(|| {
                     "the store did not answer before local validity ended".to_string()
                 })));
+                expired += 1;
                 return false;
             }
             if shared.lost.is_cancelled() {
@@ -650,8 +701,84 @@ async fn renew_loop(inner: Arc<Inner>, config: SessionConfig) {
             any = true;
             true
         });
+        if expired > 0 && inner.store.tied_to_session() {
+            abandon(&inner, backend).await;
+            any = false;
+        }
         next_round = any.then_some(next);
     }
+}
+
+/// Applies one batch's answers: renewed leases take their new validity, a
+/// lease the store says is gone fires alone, errors are kept for the reason.
+fn apply_renewal(
+    inner: &Inner,
+    backend: &'static str,
+    chunk: &[(u64, Arc<Shared>)],
+    answer: Result<Vec<Result<Lease>>>,
+    failed: &Mutex<bool>,
+) {
+    match answer {
+        Ok(results) if results.len() == chunk.len() => {
+            for ((id, shared), result) in chunk.iter().zip(results) {
+                match result {
+                    Ok(renewed) => {
+                        crate::observe::record_renewal(backend, true);
+                        *lock(&shared.lease) = renewed;
+                    }
+                    // Not for a lease released meanwhile, which left the
+                    // table first.
+                    Err(e) if e.is_not_held() => {
+                        if lock(&inner.leases).remove(id).is_some() {
+                            crate::observe::record_lost(backend, "revoked");
+                            inner.lost.fetch_add(1, Ordering::Relaxed);
+                            shared.fire(LostReason::Revoked);
+                        }
+                    }
+                    Err(e) => {
+                        crate::observe::record_renewal(backend, false);
+                        *lock(failed) = true;
+                        lock(&shared.last_error).replace(e.to_string());
+                    }
+                }
+            }
+        }
+        Ok(results) => {
+            *lock(failed) = true;
+            tracing::warn!(
+                sent = chunk.len(),
+                answers = results.len(),
+                "a session renewal answered for the wrong number of leases"
+            );
+        }
+        Err(e) => {
+            crate::observe::record_renewal(backend, false);
+            tracing::warn!(leases = chunk.len(), error = %e, "session renewal failed; retrying until local validity ends");
+            *lock(failed) = true;
+            let text = e.to_string();
+            for (_, shared) in chunk {
+                lock(&shared.last_error).replace(text.clone());
+            }
+        }
+    }
+}
+
+/// A lease of a store-side session (an etcd lease, a ZooKeeper session) ran
+/// out of local validity: the whole store session is in doubt, and its keys
+/// must not outlive the leases that were told they are lost. Every lease of
+/// the session fires, and the store ends its session (an etcd revoke, a
+/// ZooKeeper session close); later acquires start a new one.
+async fn abandon(inner: &Inner, backend: &'static str) {
+    let rest: Vec<Arc<Shared>> = lock(&inner.leases).drain().map(|(_, s)| s).collect();
+    for shared in rest {
+        crate::observe::record_lost(backend, "expired");
+        inner.lost.fetch_add(1, Ordering::Relaxed);
+        shared.fire(LostReason::Expired(
+            "the store session was abandoned after another of its leases ran out of validity"
+                .into(),
+        ));
+    }
+    inner.store.abandon().await;
 }
 
 /// Lets [`acquire`] take keys through a session's store: tries go to the
@@ -690,5 +817,117 @@ impl LeaseProvider for SessionAcquirer {
     }
     fn watch_reports_state(&self) -> bool {
         self.provider.watch_reports_state()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+
+    use super::*;
+    use crate::MemoryProvider;
+
+    /// The in-memory store, whose batched renewal can be made to hang: a
+    /// store that accepts the request and never answers.
+    #[derive(Debug)]
+    struct Hanging {
+        inner: MemoryProvider,
+        hang: AtomicBool,
+    }
+
+    #[async_trait]
+    impl LeaseProvider for Hanging {
+        fn capabilities(&self) -> &Capabilities {
+            self.inner.capabilities()
+        }
+        fn namespace(&self) -> &str {
+            self.inner.namespace()
+        }
+        async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
+            self.inner.try_acquire(key, ttl).await
+        }
+        async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+            self.inner.extend(lease, ttl).await
+        }
+        async fn extend_many(&self, leases: &[Lease]) -> Result<Vec<Result<Lease>>> {
+            if self.hang.load(Ordering::SeqCst) {
+                std::future::pending::<()>().await;
+            }
+            self.inner.extend_many(leases).await
+        }
+        async fn release(&self, lease: &Lease) -> Result<()> {
+            self.inner.release(lease).await
+        }
+        async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>> {
+            self.inner.inspect(key).await
+        }
+    }
+
+    /// A renewal round that never returns must not hold the lost signals
+    /// back: every lease fires before its local validity ends.
+    #[tokio::test(start_paused = true)]
+    async fn a_hanging_renewal_does_not_delay_the_lost_signals() {
+        let store = Arc::new(Hanging {
+            inner: MemoryProvider::new(),
+            hang: AtomicBool::new(false),
+        });
+        let session = LeaseSession::open(store.clone(), SessionConfig::ttl(Duration::from_secs(9)))
+            .await
+            .unwrap();
+        let mut held = Vec::new();
+        for i in 0..3 {
+            let key = LeaseKey::new(format!("k{i}")).unwrap();
+            held.push(session.try_acquire(&key).await.unwrap().unwrap());
+        }
+        store.hang.store(true, Ordering::SeqCst);
+        for l in &held {
+            let reason = tokio::time::timeout(Duration::from_secs(60), l.lost())
+                .await
+                .expect("the lost signal never fired");
+            assert!(
+                Instant::now() < l.lease().valid_until(),
+                "fired after validity"
+            );
+            assert!(matches!(reason, LostReason::Expired(_)), "{reason:?}");
+        }
+    }
+
+    /// A lease added with a shorter validity window than the first one is
+    /// renewed (or fired) by its own window, not the first lease's period.
+    #[tokio::test(start_paused = true)]
+    async fn a_later_lease_with_a_shorter_window_is_renewed_in_time() {
+        let store = Arc::new(Hanging {
+            inner: MemoryProvider::new(),
+            hang: AtomicBool::new(false),
+        });
+        let provider: Arc<dyn LeaseProvider> = store.clone();
+        let session = LeaseSession::open(
+            Arc::clone(&provider),
+            SessionConfig::ttl(Duration::from_secs(30)),
+        )
+        .await
+        .unwrap();
+        let first = session
+            .try_acquire(&LeaseKey::new("first").unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        // Let the loop settle on the first lease's timing.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        // A lease whose window is a tenth of the TTL (as a ZooKeeper session
+        // or a slow Redlock acquire makes it), adopted directly.
+        let short = provider
+            .try_acquire(&LeaseKey::new("short").unwrap(), Duration::from_secs(30))
+            .await
+            .unwrap()
+            .into_lease()
+            .unwrap()
+            .with_valid_until(Instant::now() + Duration::from_secs(3));
+        let short = session.adopt(short);
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        assert!(!short.is_lost(), "{:?}", short.lost_reason());
+        assert!(!first.is_lost());
+        // Renewed by the store: its validity moved past the original 3 s.
+        assert!(short.lease().valid_until() > Instant::now());
     }
 }

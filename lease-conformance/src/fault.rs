@@ -81,6 +81,12 @@ impl SessionStore for PartitionedSession {
     fn close_releases_all(&self) -> bool {
         self.inner.close_releases_all()
     }
+    fn tied_to_session(&self) -> bool {
+        self.inner.tied_to_session()
+    }
+    async fn abandon(&self) {
+        self.inner.abandon().await;
+    }
 }
 
 #[async_trait]

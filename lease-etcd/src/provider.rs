@@ -464,14 +464,20 @@ impl EtcdProvider {
                 value(owner, &holder),
                 Some(PutOptions::new().with_lease(id)),
             )])
-            .or_else(vec![TxnOp::get(k, None)]);
+            .or_else(vec![TxnOp::get(k.clone(), None)]);
         let resp = match self
             .call("acquire txn", |mut c| async move { c.txn(txn).await })
             .await
         {
             Ok(r) => r,
             Err(e) => {
-                drop_unused(id);
+                if own {
+                    drop_unused(id);
+                } else {
+                    // The put may have happened on the session's etcd lease,
+                    // which lives on: delete the key if it carries our owner.
+                    self.delete_if_owner_in_background(&k, owner);
+                }
                 return Err(e);
             }
         };
@@ -519,7 +525,14 @@ impl EtcdProvider {
             .await;
         match alive {
             Ok(Some(r)) => Ok(r.ttl()),
-            Ok(None) => Ok(0),
+            // The stream ended without an answer: nothing is known.
+            Ok(None) => Err(LeaseError::Unavailable {
+                message: format!(
+                    "etcd at {} closed the keep-alive stream without an answer",
+                    self.inner.display
+                ),
+                source: None,
+            }),
             // etcd-client reports an unknown lease id as a keep-alive error.
             Err(LeaseError::Backend {
                 source: Some(src), ..
@@ -570,6 +583,28 @@ impl EtcdProvider {
                 _ => return Ok(found),
             }
         }
+    }
+
+    /// Deletes `key` if its value starts with `owner`: undoes an acquire
+    /// whose answer was lost, in the background.
+    fn delete_if_owner_in_background(&self, key: &str, owner: OwnerId) {
+        let this = self.clone();
+        let key = key.to_owned();
+        let owner = owner.to_hex();
+        tokio::spawn(async move {
+            let txn = Txn::new()
+                .when(vec![
+                    Compare::value(key.clone(), CompareOp::Greater, owner.clone()),
+                    Compare::value(key.clone(), CompareOp::Less, format!("{owner};")),
+                ])
+                .and_then(vec![TxnOp::delete(key, None)]);
+            if let Err(e) = this
+                .call("undo txn", |mut c| async move { c.txn(txn).await })
+                .await
+            {
+                tracing::debug!(error = %e, "undoing an acquire whose answer was lost failed; the key goes with the session");
+            }
+        });
     }
 
     /// Grants a new etcd lease of `ttl`.

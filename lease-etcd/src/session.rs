@@ -44,11 +44,27 @@ impl EtcdSessionStore {
         }
     }
 
-    /// The session's etcd lease, granted now if there is none.
+    /// The session's etcd lease, granted now if there is none. One not kept
+    /// alive for a third of its TTL (an idle session) is kept alive first, so
+    /// a new key's validity does not start in the past.
     async fn current(&self) -> Result<Current> {
         let mut slot = self.current.lock().await;
         if let Some(c) = *slot {
-            return Ok(c);
+            if c.sent_at.elapsed() < c.granted / 3 {
+                return Ok(c);
+            }
+            let sent_at = Instant::now();
+            let ttl_left = self.provider.keep_alive_once(c.id).await?;
+            if ttl_left > 0 {
+                let c = Current {
+                    id: c.id,
+                    granted: Duration::from_secs(u64::try_from(ttl_left).unwrap_or(0)),
+                    sent_at,
+                };
+                *slot = Some(c);
+                return Ok(c);
+            }
+            *slot = None;
         }
         let sent_at = Instant::now();
         let (id, granted) = self.provider.grant_lease(self.ttl).await?;
@@ -154,6 +170,14 @@ impl SessionStore for EtcdSessionStore {
     /// Revoking the session's etcd lease deletes every key attached to it.
     fn close_releases_all(&self) -> bool {
         true
+    }
+
+    fn tied_to_session(&self) -> bool {
+        true
+    }
+
+    async fn abandon(&self) {
+        self.close().await;
     }
 
     async fn close(&self) {

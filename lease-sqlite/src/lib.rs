@@ -45,8 +45,11 @@
 //!   believed it valid after a resume. On the same clock both stop together.
 //!   The clock restarts at boot, so every row records the boot id
 //!   (`/proc/sys/kernel/random/boot_id`); a lease of an earlier boot is
-//!   expired, whatever its numbers say. [`ExpiryClock::HostMonotonic`]
-//!   declares this: one host.
+//!   expired, whatever its numbers say; without a readable boot id the
+//!   provider refuses to start. `ExpiryClock::HostMonotonic` declares
+//!   this: one host, one kernel, one time namespace (processes in another
+//!   time namespace or a sandboxed kernel such as gVisor do not share the
+//!   clock, and must not share the file).
 //! - **Tokens (C8).** One counter for the whole file, raised in the acquire's
 //!   transaction: tokens keep growing across releases, restarts and even a
 //!   deleted lease row. The file is written with `synchronous=FULL`, so a

@@ -100,11 +100,18 @@ fn host_now_ms() -> Result<i64> {
 }
 
 /// This boot's id; monotonic times of another boot mean nothing now.
-fn boot_id() -> String {
+/// Without it the provider refuses to start: a process that could not tell
+/// boots apart would take every other process's lease as an old boot's.
+fn boot_id() -> Result<String> {
     std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
         .map(|s| s.trim().to_owned())
-        // Without procfs every lease counts as this boot's.
-        .unwrap_or_else(|_| "unknown".into())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| {
+            LeaseError::Config(
+                "cannot read /proc/sys/kernel/random/boot_id: the SQLite provider needs it to tell this boot's leases from an earlier boot's (run it where /proc is mounted)".into(),
+            )
+        })
 }
 
 fn millis(d: Duration) -> i64 {
@@ -168,7 +175,7 @@ impl SqliteProvider {
                 pool,
                 ready: OnceCell::new(),
                 caps,
-                boot: boot_id(),
+                boot: boot_id()?,
                 released: Arc::new((0..BUCKETS).map(|_| Arc::new(Notify::new())).collect()),
                 watcher: OnceCell::new(),
             }),
@@ -185,8 +192,17 @@ impl SqliteProvider {
 
     fn map_err(&self, e: sqlx::Error) -> LeaseError {
         let path = self.inner.config.path.display();
-        let busy = matches!(&e, sqlx::Error::Database(d) if matches!(d.code().as_deref(), Some("5" | "6" | "261" | "517")));
-        let cannot_open = matches!(&e, sqlx::Error::Database(d) if matches!(d.code().as_deref(), Some("14")))
+        // SQLite's primary result code is the low byte of the extended one.
+        let primary = match &e {
+            sqlx::Error::Database(d) => d
+                .code()
+                .and_then(|c| c.parse::<i64>().ok())
+                .map(|c| c & 0xff),
+            _ => None,
+        };
+        // BUSY, LOCKED, and PROTOCOL (a transient WAL race).
+        let busy = matches!(primary, Some(5 | 6 | 15));
+        let cannot_open = primary == Some(14)
             || matches!(
                 e,
                 sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed
@@ -272,9 +288,16 @@ impl SqliteProvider {
     {
         self.ready().await?;
         let this = self.clone();
-        tokio::spawn(f(this))
-            .await
-            .map_err(|e| LeaseError::protocol(format!("a SQLite transaction task failed: {e}")))?
+        // The transaction goes on to its commit or rollback in its task; the
+        // caller waits for it no longer than a busy database is waited for.
+        let limit = self.inner.config.busy_timeout * 2 + Duration::from_secs(1);
+        let task = tokio::spawn(f(this));
+        match tokio::time::timeout(limit, task).await {
+            Ok(joined) => joined.map_err(|e| {
+                LeaseError::protocol(format!("a SQLite transaction task failed: {e}"))
+            })?,
+            Err(_) => Err(LeaseError::timeout("a SQLite transaction", limit)),
+        }
     }
 
     /// The bucket of `key`: releases wake only the waiters of their bucket.

@@ -17,6 +17,7 @@ fn spawn(role: &str, db: &Path, test: &str) -> Child {
         .args(["--exact", test, "--nocapture", "--test-threads", "1"])
         .env(ROLE, role)
         .env(DB, db)
+        .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap()
 }

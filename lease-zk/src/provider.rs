@@ -156,7 +156,7 @@ struct Inner {
 /// arrived. The mtime was set before the answer left the server, so
 /// `mtime + elapsed since arrival` never runs ahead of the server's clock.
 #[derive(Clone, Copy)]
-struct ClockSample {
+pub(crate) struct ClockSample {
     mtime: i64,
     received: Instant,
 }
@@ -522,7 +522,7 @@ impl ZkProvider {
     }
 
     /// One probe write to the namespace node: its mtime is the server's clock.
-    async fn probe_clock(&self, client: &Client) -> Result<ClockSample> {
+    pub(crate) async fn probe_clock(&self, client: &Client) -> Result<ClockSample> {
         let stat = self
             .bounded(
                 "the clock probe",

@@ -21,17 +21,47 @@ const BATCH: usize = 1000;
 
 /// A `LeaseSession` on ZooKeeper: a provider with its own client, so the
 /// session's holder nodes live and die with one ZooKeeper session. Renewal
-/// is the client's own heartbeat; the session's loop only reads the holder
-/// nodes, a thousand per multi-read, to prove the session is alive and
-/// that each node is still this lease's.
+/// is the client's own heartbeat; the session's loop proves the session
+/// alive at the leader with one write per round (the clock probe) and reads
+/// the holder nodes, a thousand per multi-read, to check that each node is
+/// still this lease's.
 #[derive(Debug)]
 pub(crate) struct ZkSessionStore {
     provider: ZkProvider,
+    /// When the last write that went through the leader was sent (and on
+    /// which session): the proof that the session was alive there then.
+    proof: tokio::sync::Mutex<Option<(Instant, i64)>>,
 }
+
+/// How long one leader proof serves the renewal calls of a round.
+const PROOF_REUSE: Duration = Duration::from_millis(200);
 
 impl ZkSessionStore {
     pub(crate) fn new(provider: ZkProvider) -> Self {
-        ZkSessionStore { provider }
+        ZkSessionStore {
+            provider,
+            proof: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// When a write of this session last reached the leader. A follower
+    /// answers reads locally, even one cut off from the leader that has
+    /// already expired our session; a write goes through the leader, which
+    /// refuses it for an expired session. So validity counts from the
+    /// write's send time, and the reads only say which nodes are still ours.
+    async fn leader_proof(&self, client: &zookeeper_client::Client) -> Result<Instant> {
+        let mut proof = self.proof.lock().await;
+        let session = client.session_id().0;
+        if let Some((sent, on)) = *proof
+            && on == session
+            && sent.elapsed() < PROOF_REUSE
+        {
+            return Ok(sent);
+        }
+        let sent = Instant::now();
+        self.provider.probe_clock(client).await?;
+        *proof = Some((sent, session));
+        Ok(sent)
     }
 }
 
@@ -52,7 +82,7 @@ impl SessionStore for ZkSessionStore {
                 .add_get_data(&path)
                 .map_err(|e| self.provider.map_err(e))?;
         }
-        let sent_at = Instant::now();
+        let sent_at = self.leader_proof(&client).await?;
         let answers = self
             .provider
             .bounded("session renewal", reader.commit())
@@ -102,6 +132,14 @@ impl SessionStore for ZkSessionStore {
 
     fn batch_limit(&self) -> usize {
         BATCH
+    }
+
+    fn tied_to_session(&self) -> bool {
+        true
+    }
+
+    async fn abandon(&self) {
+        self.provider.close_session().await;
     }
 
     async fn close(&self) {
