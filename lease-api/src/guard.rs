@@ -98,11 +98,14 @@ impl std::fmt::Display for LostReason {
     }
 }
 
+/// One held lease and its lost signal, as a guard or a session keeps it.
 #[derive(Debug)]
-struct Shared {
-    lease: Mutex<Lease>,
-    reason: Mutex<Option<LostReason>>,
-    lost: CancellationToken,
+pub(crate) struct Shared {
+    pub(crate) lease: Mutex<Lease>,
+    pub(crate) reason: Mutex<Option<LostReason>>,
+    pub(crate) lost: CancellationToken,
+    /// The last renewal error, for the reason if validity runs out (sessions).
+    pub(crate) last_error: Mutex<Option<String>>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -112,9 +115,40 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
-    fn fire(&self, reason: LostReason) {
+    pub(crate) fn new(lease: Lease) -> Self {
+        Shared {
+            lease: Mutex::new(lease),
+            reason: Mutex::new(None),
+            lost: CancellationToken::new(),
+            last_error: Mutex::new(None),
+        }
+    }
+
+    pub(crate) fn fire(&self, reason: LostReason) {
         lock(&self.reason).get_or_insert(reason);
         self.lost.cancel();
+    }
+
+    pub(crate) fn lease(&self) -> Lease {
+        lock(&self.lease).clone()
+    }
+
+    pub(crate) fn key(&self) -> LeaseKey {
+        lock(&self.lease).key().clone()
+    }
+
+    pub(crate) fn token(&self) -> FencingToken {
+        lock(&self.lease).token()
+    }
+
+    pub(crate) async fn lost(&self) -> LostReason {
+        self.lost.cancelled().await;
+        self.lost_reason()
+            .unwrap_or_else(|| LostReason::Expired("unknown".into()))
+    }
+
+    pub(crate) fn lost_reason(&self) -> Option<LostReason> {
+        lock(&self.reason).clone()
     }
 }
 
@@ -189,11 +223,7 @@ impl LeaseGuard {
             .retry_every
             .unwrap_or((window / 10).clamp(Duration::from_millis(10), Duration::from_secs(1)))
             .max(Duration::from_millis(1));
-        let shared = Arc::new(Shared {
-            lease: Mutex::new(lease),
-            reason: Mutex::new(None),
-            lost: CancellationToken::new(),
-        });
+        let shared = Arc::new(Shared::new(lease));
         let stop = CancellationToken::new();
         let task = tokio::spawn(renew_loop(
             Arc::clone(&provider),
@@ -216,25 +246,23 @@ impl LeaseGuard {
 
     /// The lease as last renewed.
     pub fn lease(&self) -> Lease {
-        lock(&self.shared.lease).clone()
+        self.shared.lease()
     }
 
     /// The leased key.
     pub fn key(&self) -> LeaseKey {
-        lock(&self.shared.lease).key().clone()
+        self.shared.key()
     }
 
     /// The fencing token (renewal keeps it).
     pub fn token(&self) -> FencingToken {
-        lock(&self.shared.lease).token()
+        self.shared.token()
     }
 
     /// Resolves when the lease is lost, with the reason. Select on it next to
     /// the job; it never resolves while the lease is held.
     pub async fn lost(&self) -> LostReason {
-        self.shared.lost.cancelled().await;
-        self.lost_reason()
-            .unwrap_or_else(|| LostReason::Expired("unknown".into()))
+        self.shared.lost().await
     }
 
     /// A token cancelled when the lease is lost, to hand to the job.
@@ -249,7 +277,7 @@ impl LeaseGuard {
 
     /// Why the lease was lost, once it was.
     pub fn lost_reason(&self) -> Option<LostReason> {
-        lock(&self.shared.reason).clone()
+        self.shared.lost_reason()
     }
 
     async fn stop_renewing(&mut self) {

@@ -12,7 +12,7 @@ use tokio::sync::Notify;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
-use crate::guard::lock;
+use crate::guard::{Shared, lock};
 use crate::{
     AcquireOptions, Capabilities, FencingToken, KeyWatch, Lease, LeaseError, LeaseInfo, LeaseKey,
     LeaseProvider, LostReason, Result, TryAcquire, acquire, deadline_after,
@@ -196,32 +196,6 @@ impl Timing {
         valid_until
             .checked_sub(self.lost_margin)
             .unwrap_or(valid_until)
-    }
-}
-
-/// One lease of the session as the renewal loop keeps it: no task, no stream.
-#[derive(Debug)]
-struct Shared {
-    lease: Mutex<Lease>,
-    reason: Mutex<Option<LostReason>>,
-    lost: CancellationToken,
-    /// The last renewal error, for the reason if validity runs out.
-    last_error: Mutex<Option<String>>,
-}
-
-impl Shared {
-    fn new(lease: Lease) -> Self {
-        Shared {
-            lease: Mutex::new(lease),
-            reason: Mutex::new(None),
-            lost: CancellationToken::new(),
-            last_error: Mutex::new(None),
-        }
-    }
-
-    fn fire(&self, reason: LostReason) {
-        lock(&self.reason).get_or_insert(reason);
-        self.lost.cancel();
     }
 }
 
@@ -495,24 +469,22 @@ pub struct SessionLease {
 impl SessionLease {
     /// The lease as last renewed.
     pub fn lease(&self) -> Lease {
-        lock(&self.shared.lease).clone()
+        self.shared.lease()
     }
 
     /// The leased key.
     pub fn key(&self) -> LeaseKey {
-        lock(&self.shared.lease).key().clone()
+        self.shared.key()
     }
 
     /// The fencing token (renewal keeps it).
     pub fn token(&self) -> FencingToken {
-        lock(&self.shared.lease).token()
+        self.shared.token()
     }
 
     /// Resolves when this lease is lost, with the reason.
     pub async fn lost(&self) -> LostReason {
-        self.shared.lost.cancelled().await;
-        self.lost_reason()
-            .unwrap_or_else(|| LostReason::Expired("unknown".into()))
+        self.shared.lost().await
     }
 
     /// A token cancelled when this lease is lost, to hand to the job.
@@ -527,7 +499,7 @@ impl SessionLease {
 
     /// Why the lease was lost, once it was.
     pub fn lost_reason(&self) -> Option<LostReason> {
-        lock(&self.shared.reason).clone()
+        self.shared.lost_reason()
     }
 
     /// Takes the lease out of the session and releases it in the store; the

@@ -679,6 +679,17 @@ fn run_child<T: serde::de::DeserializeOwned>(
     serde_json::from_slice(&bytes).map_err(|e| e.to_string())
 }
 
+/// A child's result, for the parent to read; exits on failure.
+fn write_child_json<T: Serialize>(json: &std::path::Path, result: &T) {
+    let written = serde_json::to_vec(result)
+        .map_err(std::io::Error::other)
+        .and_then(|bytes| std::fs::write(json, bytes));
+    if let Err(e) = written {
+        eprintln!("lease-bench: cannot write {}: {e}", json.display());
+        std::process::exit(1);
+    }
+}
+
 /// The sessions section alone: each backend in a fresh process.
 async fn run_sessions(opts: &Opts) {
     let n = opts
@@ -705,13 +716,7 @@ async fn run_sessions(opts: &Opts) {
                 std::process::exit(1);
             }
         };
-        let written = serde_json::to_vec(&r)
-            .map_err(std::io::Error::other)
-            .and_then(|bytes| std::fs::write(json, bytes));
-        if let Err(e) = written {
-            eprintln!("lease-bench: cannot write {}: {e}", json.display());
-            std::process::exit(1);
-        }
+        write_child_json(json, &r);
         return;
     }
     let extra = vec![
@@ -797,13 +802,7 @@ async fn main() {
                 std::process::exit(1);
             }
         };
-        let written = serde_json::to_vec(&r)
-            .map_err(std::io::Error::other)
-            .and_then(|bytes| std::fs::write(json, bytes));
-        if let Err(e) = written {
-            eprintln!("lease-bench: cannot write {}: {e}", json.display());
-            std::process::exit(1);
-        }
+        write_child_json(json, &r);
         return;
     }
     let runs = opts.runs.unwrap_or(if opts.smoke { 1 } else { 3 }).max(1);

@@ -374,34 +374,10 @@ async fn redlock_tokens_grow_across_different_majorities() {
 /// once, a cancel SETs its tombstone, a raise SETs the value (and the counter
 /// when it is behind), so with no raise it counts the cancels.
 async fn raises_run(server: &OwnedProcess) -> (i64, i64) {
-    let mut c = admin_connection(server).await;
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    // Calls that ran: an EVALSHA refused with NOSCRIPT (the client then
-    // sends EVAL) counts as a failed call.
-    let field = |l: &str, f: &str| -> i64 {
-        l.split(&format!(",{f}="))
-            .nth(1)
-            .or_else(|| l.split(&format!(":{f}=")).nth(1))
-            .and_then(|v| v.split(',').next()?.parse().ok())
-            .unwrap_or(0)
-    };
-    let calls = |names: &[&str]| -> i64 {
-        info.lines()
-            .filter(|l| {
-                names
-                    .iter()
-                    .any(|n| l.starts_with(&format!("cmdstat_{n}:")))
-            })
-            .map(|l| field(l, "calls") - field(l, "failed_calls") - field(l, "rejected_calls"))
-            .sum()
-    };
+    let calls = |names: &'static [&'static str]| command_calls(server, names);
     (
-        calls(&["get"]) - (calls(&["eval", "evalsha"]) - calls(&["exists"])),
-        calls(&["set"]) - calls(&["incr"]),
+        calls(&["get"]).await - (calls(&["eval", "evalsha"]).await - calls(&["exists"]).await),
+        calls(&["set"]).await - calls(&["incr"]).await,
     )
 }
 

@@ -28,6 +28,20 @@ fn provider(db: &Path) -> Arc<dyn LeaseProvider> {
     )
 }
 
+/// Runs `work` on the database this worker process was given.
+fn as_worker<F, Fut>(work: F)
+where
+    F: FnOnce(PathBuf) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let db = PathBuf::from(std::env::var(DB).unwrap());
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(work(db));
+}
+
 fn counter_file(db: &Path) -> PathBuf {
     db.with_extension("counter")
 }
@@ -40,12 +54,7 @@ fn counter_worker() {
     if std::env::var(ROLE).as_deref() != Ok("counter") {
         return;
     }
-    let db = PathBuf::from(std::env::var(DB).unwrap());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    as_worker(|db| async move {
         let p = provider(&db);
         let key = LeaseKey::new("counter").unwrap();
         let options = AcquireOptions::ttl(Duration::from_secs(10)).wait(Duration::from_secs(120));
@@ -91,12 +100,7 @@ fn holder_worker() {
     if std::env::var(ROLE).as_deref() != Ok("holder") {
         return;
     }
-    let db = PathBuf::from(std::env::var(DB).unwrap());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    as_worker(|db| async move {
         let p = provider(&db);
         let key = LeaseKey::new("crash").unwrap();
         let lease = p
