@@ -76,6 +76,11 @@ struct Inner {
     /// The notification directory: a release touches the file of its key's
     /// bucket there.
     notify_dir: PathBuf,
+    /// One write transaction of this provider at a time: the tasks of one
+    /// process queue here, in order, instead of in SQLite's busy handler,
+    /// which sleeps in coarse steps. Other processes still meet the busy
+    /// handler.
+    write_lock: Arc<tokio::sync::Mutex<()>>,
     /// One `Notify` per bucket, woken by the inotify task.
     released: Arc<Vec<Arc<Notify>>>,
     watcher: OnceCell<DropGuard>,
@@ -176,6 +181,7 @@ impl SqliteProvider {
                 ready: OnceCell::new(),
                 caps,
                 boot: boot_id()?,
+                write_lock: Arc::new(tokio::sync::Mutex::new(())),
                 released: Arc::new((0..BUCKETS).map(|_| Arc::new(Notify::new())).collect()),
                 watcher: OnceCell::new(),
             }),
@@ -291,12 +297,28 @@ impl SqliteProvider {
         // The transaction goes on to its commit or rollback in its task; the
         // caller waits for it no longer than a busy database is waited for.
         let limit = self.inner.config.busy_timeout * 2 + Duration::from_secs(1);
-        let task = tokio::spawn(f(this));
+        let queue = Arc::clone(&self.inner.write_lock);
+        // A caller that gave up while its task still queued for its turn
+        // must not get a lease nobody holds: the task then does nothing.
+        // (One that gives up during the transaction itself can still see it
+        // commit; such a lease runs out by its TTL.)
+        let gone = CancellationToken::new();
+        let given_up = gone.clone();
+        let task = tokio::spawn(async move {
+            let _turn = queue.lock_owned().await;
+            if given_up.is_cancelled() {
+                return Err(LeaseError::timeout("a SQLite transaction", limit));
+            }
+            f(this).await
+        });
         match tokio::time::timeout(limit, task).await {
             Ok(joined) => joined.map_err(|e| {
                 LeaseError::protocol(format!("a SQLite transaction task failed: {e}"))
             })?,
-            Err(_) => Err(LeaseError::timeout("a SQLite transaction", limit)),
+            Err(_) => {
+                gone.cancel();
+                Err(LeaseError::timeout("a SQLite transaction", limit))
+            }
         }
     }
 
