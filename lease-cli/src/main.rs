@@ -62,12 +62,16 @@ Environment: LEASE_STORE, LEASE_CONFIG, LEASE_NAMESPACE, LEASE_HOLDER, LEASE_DEF
 LEASE_CONNECT_TIMEOUT, LEASE_REQUEST_TIMEOUT (durations like 30s, 1m); RUST_LOG.
 
 Store URLs: memory://, redis://host:port, rediss://..., redlock://h1:p,h2:p,h3:p,
-postgres://user@host/db[?lease_table=schema.table], etcd://h1:p[,h2:p], zk://h1:p[,h2:p][/chroot]";
+postgres://user@host/db[?lease_table=schema.table], etcd://h1:p[,h2:p], zk://h1:p[,h2:p][/chroot],
+sqlite:///path/leases.db. With no store given: a SQLite file every process of this user
+on this host shares ($XDG_STATE_HOME/lease/leases.db, ~/.local/state/lease/leases.db;
+/var/lib/lease/leases.db for root; -v prints it). For more than one host, give a
+networked store.";
 
 #[derive(Parser)]
 #[command(name = "lease", version, about = "Run commands under distributed leases with fencing tokens", after_help = AFTER_HELP)]
 struct Cli {
-    /// The store URL.
+    /// The store URL. Default: the per-user SQLite database (see below).
     #[arg(long, env = "LEASE_STORE", global = true)]
     store: Option<String>,
     /// A TOML configuration file (store, namespace, default_ttl, timeouts); --store wins over it.
