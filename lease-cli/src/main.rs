@@ -350,12 +350,12 @@ fn load_config(cli: &Cli) -> Result<StoreConfig, LeaseError> {
     if let Some(ns) = &cli.namespace {
         config.namespace = ns.clone();
     }
-    if cli.verbose > 0 {
-        eprintln!(
-            "lease: store {}, namespace {}",
-            lease::redact(&config.store),
-            config.namespace
-        );
+    // Shown as parsed, passwords redacted; a URL that does not parse is
+    // reported (without echoing it) when it is used.
+    if cli.verbose > 0
+        && let Ok(store) = config.parsed()
+    {
+        eprintln!("lease: store {store}, namespace {}", config.namespace);
     }
     Ok(config)
 }
