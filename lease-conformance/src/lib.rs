@@ -317,7 +317,7 @@ macro_rules! __case_list {
             min_hold_keeps_key_after_a_short_job, "C11", "run_with_lease's minimum hold keeps the key from others until it ends, also where leases end with the session";
             local_validity_never_exceeds_sent_plus_ttl, "C10", "local validity is before send time + granted TTL and before the store's expiry";
             fence_gate_rejects_older_holder, "C12", "the fence gate admits the newer holder and rejects the older one's late write";
-            unreachable_store_is_unavailable, "C14", "a store that is down gives Unavailable within the provider's timeout";
+            unreachable_store_is_unavailable, "C14", "a store that is down gives Unavailable (or Timeout) within the provider's timeout";
             session_renews_many_leases, "C16", "a session holds 40 leases across several TTLs with one renewal call per batch, and close releases them";
             session_key_lost_alone, "C16", "a key of a session ended in the store and taken over fires that lease's lost signal only";
             session_outage_fires_every_lease_by_validity, "C16", "when the session's store is cut off, every lease fires lost before its local validity ends";

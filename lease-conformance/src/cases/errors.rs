@@ -32,6 +32,10 @@ pub(super) async fn unreachable_store_is_unavailable(ctx: Ctx) -> CaseResult {
             )));
         }
         Ok(Err(LeaseError::Unavailable { .. })) => {}
+        // On a loaded machine a refused connection can reach the provider
+        // after its own request bound: a Timeout inside the bound is the
+        // same transient answer (C14).
+        Ok(Err(LeaseError::Timeout { .. })) => {}
         Ok(other) => {
             return Err(CaseError(format!(
                 "try_acquire on a down store gave {other:?}"
