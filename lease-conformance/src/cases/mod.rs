@@ -86,7 +86,11 @@ async fn takeover(ctx: &Ctx, key: &LeaseKey) -> Result<Takeover, CaseError> {
     let ttl = short_ttl(&*old_provider);
     let old = must_acquire(&*old_provider, key, ttl).await?;
     let wait = expiry_bound(&*old_provider, ttl);
-    let Some(new) = acquire(&new_provider, key, AcquireOptions::ttl(ttl).wait(wait)).await? else {
+    // The new holder's lease is long: the checks that follow must see it
+    // still held however slowly a loaded machine runs them.
+    let new_ttl = long_ttl(&*new_provider);
+    let Some(new) = acquire(&new_provider, key, AcquireOptions::ttl(new_ttl).wait(wait)).await?
+    else {
         return Err(CaseError(format!(
             "an expired lease (TTL {ttl:?}) was not taken over within {wait:?}"
         )));
