@@ -123,6 +123,11 @@ impl OwnedProcess {
         self.port
     }
 
+    /// Its PID, which leads its own process group (0 while stopped).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, std::process::Child::id)
+    }
+
     /// Starts the process again after [`stop`](Self::stop) (same port, same data).
     ///
     /// # Panics

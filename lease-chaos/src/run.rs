@@ -1,0 +1,781 @@
+//! The controller: starts the sink, a proxy per (worker, store node) link and
+//! K worker processes, runs the nemesis until the run ends, then checks the
+//! history against what the store's capabilities declare.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use lease::{StoreConfig, TokenDurability};
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::{Pid, getpgid};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+use crate::checker::{Counts, check};
+use crate::history::{Event, Fault, mono_ns};
+use crate::proxy::Proxy;
+use crate::sink::Sink;
+
+/// A fault the nemesis can inject.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, clap::ValueEnum)]
+pub enum FaultKind {
+    /// No fault: the baseline (ignored next to other kinds).
+    None,
+    /// SIGSTOP the worker holding the key for over twice the TTL, then SIGCONT
+    /// (a GC pause mid-job).
+    Pause,
+    /// `kill -9` the worker holding the key; a new process takes its slot.
+    Crash,
+    /// Black-hole every link between the holder and the store for over twice
+    /// the TTL; heal by resuming (late packets) or resetting the connections.
+    Partition,
+    /// SIGSTOP the store's processes (`--store-pid`) for twice the TTL.
+    StorePause,
+    /// Black-hole a minority of the store's nodes from every worker for three
+    /// TTLs (Redlock, or any store with several endpoints).
+    Minority,
+}
+
+impl FaultKind {
+    /// The name used in reports (`pause`, `store-pause`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::None => "none",
+            FaultKind::Pause => "pause",
+            FaultKind::Crash => "crash",
+            FaultKind::Partition => "partition",
+            FaultKind::StorePause => "store-pause",
+            FaultKind::Minority => "minority",
+        }
+    }
+}
+
+/// How to run one chaos cell.
+#[derive(Clone, Debug, clap::Args)]
+pub struct RunArgs {
+    /// The store URL (any form `lease` accepts except memory://, which cannot
+    /// coordinate processes).
+    #[arg(long, env = "LEASE_STORE")]
+    pub store: String,
+    /// Worker processes competing for the key.
+    #[arg(long, default_value_t = 8)]
+    pub workers: u32,
+    /// The lease TTL (raised to the store's smallest).
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    pub ttl: Duration,
+    /// How long the run lasts at most.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// End the run once this many leases were granted (within --duration).
+    #[arg(long)]
+    pub acquisitions: Option<u64>,
+    /// Faults to inject, comma-separated; empty for none.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "pause,crash,partition"
+    )]
+    pub faults: Vec<FaultKind>,
+    /// The mean time between faults.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub fault_every: Duration,
+    /// The seed of the schedule (default: random, printed in the report).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// PIDs of the store's processes, for store-pause (their process group is
+    /// signalled when they lead one).
+    #[arg(long = "store-pid")]
+    pub store_pids: Vec<i32>,
+    /// The sink accepts every write: shows what the fence prevents.
+    #[arg(long)]
+    pub unfenced: bool,
+    /// The share of rounds held by a renewing guard beyond the TTL.
+    #[arg(long, default_value_t = 0.02)]
+    pub long_share: f64,
+    /// The job's length in a short round.
+    #[arg(long, default_value = "2ms", value_parser = humantime::parse_duration)]
+    pub job: Duration,
+    /// The lease namespace of the run's key.
+    #[arg(long, default_value = "lease-chaos")]
+    pub namespace: String,
+    /// Where the worker logs go (default: a fresh temporary directory).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Also write the report as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// The outcome of one run.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Report {
+    /// The backend's name, from its capabilities.
+    pub backend: String,
+    /// The store URL, passwords redacted.
+    pub store: String,
+    /// A label for the cell (the faults, or `none`).
+    pub cell: String,
+    /// The faults requested.
+    pub faults: Vec<String>,
+    /// The seed.
+    pub seed: u64,
+    /// Worker processes.
+    pub workers: u32,
+    /// The TTL used, in ms.
+    pub ttl_ms: u64,
+    /// How long the run took, in seconds.
+    pub seconds: f64,
+    /// Whether the sink fenced.
+    pub fenced: bool,
+    /// What the backend declares about its tokens.
+    pub token_durability: String,
+    /// What the checker counted.
+    pub counts: Counts,
+    /// Faults injected, by kind.
+    pub injected: BTreeMap<String, u64>,
+    /// Where the backend broke what it declares; empty when it held.
+    pub violations: Vec<String>,
+}
+
+impl Report {
+    /// True when nothing the capabilities declare was broken.
+    pub fn passed(&self) -> bool {
+        self.violations.is_empty()
+    }
+
+    /// A short human summary.
+    pub fn text(&self) -> String {
+        let c = &self.counts;
+        let median = c
+            .recovery_ms
+            .get(c.recovery_ms.len() / 2)
+            .copied()
+            .unwrap_or(0.0);
+        let max = c.recovery_ms.last().copied().unwrap_or(0.0);
+        let mut out = format!(
+            "{} [{}] seed {} · {} workers · TTL {} ms · {:.1} s · {}\n\
+             grants {} · writes {} ({} accepted, {} sent stale)\n\
+             unsafe windows {} ({:.0} ms) · validity overlaps {} · stale admitted {} · late admitted {}\n\
+             token regressions {} · lost rounds {} · duplicated rounds {} · ack mismatches {}\n\
+             availability {:.1}% · recovery median {:.0} ms, max {:.0} ms, unrecovered {} · injected {:?}\n",
+            self.backend,
+            self.cell,
+            self.seed,
+            self.workers,
+            self.ttl_ms,
+            self.seconds,
+            if self.fenced {
+                "fenced sink"
+            } else {
+                "UNFENCED sink"
+            },
+            c.grants,
+            c.writes,
+            c.accepted,
+            c.stale_sent,
+            c.unsafe_windows,
+            c.unsafe_ms,
+            c.validity_overlaps,
+            c.stale_admitted,
+            c.late_admitted,
+            c.token_regressions,
+            c.lost_rounds,
+            c.duplicated_rounds,
+            c.ack_mismatches,
+            c.availability * 100.0,
+            median,
+            max,
+            c.unrecovered,
+            self.injected,
+        );
+        if self.passed() {
+            out.push_str("PASS: nothing the capabilities declare was broken\n");
+        } else {
+            for v in &self.violations {
+                out.push_str(&format!("VIOLATION: {v}\n"));
+            }
+        }
+        out
+    }
+}
+
+/// The hosts of a store URL, and the URL rebuilt with other hosts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hosts {
+    head: String,
+    /// `host:port` of each node, default ports filled in.
+    pub hosts: Vec<String>,
+    tail: String,
+}
+
+impl Hosts {
+    /// Splits `url`; `None` when it names no host (sqlite://, memory://).
+    pub fn parse(url: &str) -> Option<Hosts> {
+        let (scheme, rest) = url.split_once("://")?;
+        let end = rest.find(['/', '?']).unwrap_or(rest.len());
+        let (auth, tail) = rest.split_at(end);
+        let (user, hosts) = match auth.rfind('@') {
+            Some(i) => auth.split_at(i + 1),
+            None => ("", auth),
+        };
+        if hosts.is_empty() {
+            return None;
+        }
+        let port = match scheme {
+            "redis" | "rediss" | "redlock" => 6379,
+            "postgres" | "postgresql" => 5432,
+            "etcd" | "etcds" => 2379,
+            "zk" => 2181,
+            _ => return None,
+        };
+        let hosts = hosts
+            .split(',')
+            .map(|h| {
+                let h = h.trim();
+                let bracket = h.rfind(']').unwrap_or(0);
+                match h.rfind(':') {
+                    Some(i) if i > bracket => h.to_string(),
+                    _ => format!("{h}:{port}"),
+                }
+            })
+            .collect();
+        Some(Hosts {
+            head: format!("{scheme}://{user}"),
+            hosts,
+            tail: tail.to_string(),
+        })
+    }
+
+    /// The URL with `hosts` in place of the original ones.
+    pub fn with(&self, hosts: &[SocketAddr]) -> String {
+        let list: Vec<String> = hosts.iter().map(ToString::to_string).collect();
+        format!("{}{}{}", self.head, list.join(","), self.tail)
+    }
+}
+
+struct Slot {
+    inc: u32,
+    child: Child,
+    proxies: Vec<Proxy>,
+    url: String,
+}
+
+/// Owns everything a run starts; dropping it thaws and kills what is left,
+/// so a failed run never leaves a store or a worker frozen.
+struct Run {
+    slots: Vec<Slot>,
+    store_pids: Vec<i32>,
+    worker_cmd: Vec<OsString>,
+    args: RunArgs,
+    dir: PathBuf,
+    key: String,
+    ttl: Duration,
+    seed: u64,
+    sink_addr: SocketAddr,
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        for &pid in &self.store_pids {
+            signal_store(pid, Signal::SIGCONT);
+        }
+        for s in &mut self.slots {
+            let pid = Pid::from_raw(s.child.id() as i32);
+            let _ = kill(pid, Signal::SIGCONT);
+            let _ = s.child.kill();
+            let _ = s.child.wait();
+        }
+    }
+}
+
+fn signal_store(pid: i32, sig: Signal) {
+    let p = Pid::from_raw(pid);
+    if getpgid(Some(p)).is_ok_and(|g| g == p) {
+        let _ = killpg(p, sig);
+    } else {
+        let _ = kill(p, sig);
+    }
+}
+
+impl Run {
+    fn spawn(&self, worker: u32, inc: u32, url: &str) -> Result<Child, String> {
+        let (exe, pre) = self.worker_cmd.split_first().ok_or("no worker command")?;
+        let err = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("worker-{worker}.err")))
+            .map_err(|e| format!("cannot open a worker's error log: {e}"))?;
+        Command::new(exe)
+            .args(pre)
+            .arg("--store")
+            .arg(url)
+            .arg("--namespace")
+            .arg(&self.args.namespace)
+            .arg("--key")
+            .arg(&self.key)
+            .arg("--worker")
+            .arg(worker.to_string())
+            .arg("--inc")
+            .arg(inc.to_string())
+            .arg("--sink")
+            .arg(self.sink_addr.to_string())
+            .arg("--log")
+            .arg(self.dir.join(format!("worker-{worker}.log")))
+            .arg("--ttl")
+            .arg(format!("{}ms", self.ttl.as_millis()))
+            .arg("--job")
+            .arg(format!("{}us", self.args.job.as_micros()))
+            .arg("--long-share")
+            .arg(self.args.long_share.to_string())
+            .arg("--seed")
+            .arg(self.seed.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(err)
+            .spawn()
+            .map_err(|e| format!("cannot start a worker ({}): {e}", exe.to_string_lossy()))
+    }
+
+    fn pid(&self, worker: u32) -> Option<Pid> {
+        self.slots
+            .get(worker as usize)
+            .map(|s| Pid::from_raw(s.child.id() as i32))
+    }
+
+    /// Respawns workers that exited on their own (counted, not hidden).
+    fn reap(&mut self, respawned: &mut u64) -> Result<(), String> {
+        for w in 0..self.slots.len() {
+            let exited = matches!(self.slots[w].child.try_wait(), Ok(Some(_)));
+            if exited {
+                *respawned += 1;
+                self.restart(w as u32)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn restart(&mut self, worker: u32) -> Result<(), String> {
+        let w = worker as usize;
+        let inc = self.slots[w].inc + 1;
+        let url = self.slots[w].url.clone();
+        let child = self.spawn(worker, inc, &url)?;
+        let slot = &mut self.slots[w];
+        let _ = slot.child.wait();
+        slot.child = child;
+        slot.inc = inc;
+        Ok(())
+    }
+}
+
+/// Runs one chaos cell. `worker_cmd` is the program and leading arguments
+/// that start a worker (e.g. this executable and its hidden worker
+/// subcommand); the worker options follow them.
+///
+/// # Errors
+/// A bad configuration (memory://, a fault the store cannot take, no store
+/// PID for store-pause), a store that cannot be reached, or a worker that
+/// cannot be started.
+pub async fn run(mut args: RunArgs, worker_cmd: Vec<OsString>) -> Result<Report, String> {
+    args.faults.retain(|f| *f != FaultKind::None);
+    args.faults.sort();
+    args.faults.dedup();
+    let parsed = lease::Store::parse(&args.store).map_err(|e| e.to_string())?;
+    if matches!(parsed, lease::Store::Memory) {
+        return Err(
+            "memory:// lives inside one process and cannot coordinate worker \
+                    processes; point --store at a real store"
+                .into(),
+        );
+    }
+    if args.workers < 2 {
+        return Err("--workers must be at least 2: a lease needs competition".into());
+    }
+    let hosts = Hosts::parse(&args.store);
+    let nodes = hosts.as_ref().map_or(0, |h| h.hosts.len());
+    for f in &args.faults {
+        match f {
+            FaultKind::Partition | FaultKind::Minority if nodes == 0 => {
+                return Err(format!(
+                    "{} needs a store reached over the network; {} has no host",
+                    f.name(),
+                    lease::redact(&args.store)
+                ));
+            }
+            FaultKind::Minority if nodes < 3 => {
+                return Err("minority needs a store of at least 3 nodes".into());
+            }
+            FaultKind::StorePause if args.store_pids.is_empty() => {
+                return Err("store-pause needs the store's PIDs (--store-pid)".into());
+            }
+            _ => {}
+        }
+    }
+    let probe = StoreConfig::new(args.store.clone())
+        .namespace(args.namespace.clone())
+        .build()
+        .map_err(|e| e.to_string())?;
+    let caps = probe.capabilities().clone();
+    let ttl = caps
+        .grant_ttl(args.ttl.max(caps.min_ttl))
+        .map_err(|e| e.to_string())?;
+    let seed = args.seed.unwrap_or_else(rand::random);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let dir = match &args.dir {
+        Some(d) => d.clone(),
+        None => {
+            std::env::temp_dir().join(format!("lease-chaos-{seed:016x}-{}", std::process::id()))
+        }
+    };
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    for w in 0..args.workers {
+        let _ = std::fs::remove_file(dir.join(format!("worker-{w}.log")));
+    }
+    let sink = Sink::start(!args.unfenced)
+        .await
+        .map_err(|e| format!("cannot start the sink: {e}"))?;
+    let key = format!("chaos-{seed:016x}-{:08x}", rand::random::<u32>());
+    let mut targets = Vec::new();
+    if let Some(h) = &hosts {
+        for hp in &h.hosts {
+            let addr = tokio::net::lookup_host(hp.as_str())
+                .await
+                .ok()
+                .and_then(|mut a| a.next())
+                .ok_or_else(|| format!("cannot resolve the store host {hp}"))?;
+            targets.push(addr);
+        }
+    }
+    let mut run = Run {
+        slots: Vec::new(),
+        store_pids: args.store_pids.clone(),
+        worker_cmd,
+        args: args.clone(),
+        dir: dir.clone(),
+        key,
+        ttl,
+        seed,
+        sink_addr: sink.addr(),
+    };
+    let start = mono_ns();
+    for w in 0..args.workers {
+        let mut proxies = Vec::new();
+        for t in &targets {
+            proxies.push(
+                Proxy::start(*t)
+                    .await
+                    .map_err(|e| format!("cannot start a proxy: {e}"))?,
+            );
+        }
+        let url = match &hosts {
+            Some(h) => h.with(&proxies.iter().map(Proxy::addr).collect::<Vec<_>>()),
+            None => args.store.clone(),
+        };
+        let child = run.spawn(w, 0, &url)?;
+        run.slots.push(Slot {
+            inc: 0,
+            child,
+            proxies,
+            url,
+        });
+    }
+
+    let deadline = tokio::time::Instant::now() + args.duration;
+    let target = args.acquisitions.unwrap_or(u64::MAX);
+    let over = |sink: &Sink| tokio::time::Instant::now() >= deadline || sink.grants() >= target;
+    let mut faults: Vec<Fault> = Vec::new();
+    let mut injected: BTreeMap<String, u64> = BTreeMap::new();
+    let mut respawned = 0u64;
+    let mut cycle: Vec<FaultKind> = Vec::new();
+    while !over(&sink) {
+        let gap = if args.faults.is_empty() {
+            Duration::from_millis(100)
+        } else {
+            args.fault_every.mul_f64(rng.random_range(0.5..1.5))
+        };
+        let until = tokio::time::Instant::now() + gap;
+        while tokio::time::Instant::now() < until && !over(&sink) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            run.reap(&mut respawned)?;
+        }
+        if over(&sink) || args.faults.is_empty() {
+            continue;
+        }
+        // Each kind once per cycle, in a shuffled order: every kind is
+        // injected in a short run, and the schedule still comes from the seed.
+        if cycle.is_empty() {
+            cycle = args.faults.clone();
+            cycle.shuffle(&mut rng);
+        }
+        let Some(kind) = cycle.pop() else {
+            continue;
+        };
+        let jitter = ttl.mul_f64(rng.random_range(0.0..1.0));
+        let fault = match kind {
+            FaultKind::None => continue,
+            FaultKind::Pause | FaultKind::Crash | FaultKind::Partition => {
+                let Some(victim) = pick_holder(&sink, ttl * 2).await else {
+                    continue;
+                };
+                let Some(pid) = run.pid(victim) else {
+                    continue;
+                };
+                let begin = mono_ns();
+                let note = match kind {
+                    FaultKind::Pause => {
+                        let _ = kill(pid, Signal::SIGSTOP);
+                        tokio::time::sleep(ttl * 2 + jitter).await;
+                        let _ = kill(pid, Signal::SIGCONT);
+                        String::new()
+                    }
+                    FaultKind::Crash => {
+                        let _ = kill(pid, Signal::SIGKILL);
+                        sink.forget(victim);
+                        run.restart(victim)?;
+                        String::new()
+                    }
+                    _ => {
+                        let reset = rng.random_bool(0.5);
+                        for p in &run.slots[victim as usize].proxies {
+                            p.hole();
+                        }
+                        tokio::time::sleep(ttl * 2 + jitter).await;
+                        for p in &run.slots[victim as usize].proxies {
+                            p.heal(reset);
+                        }
+                        if reset { "reset" } else { "resume" }.to_string()
+                    }
+                };
+                let end = if kind == FaultKind::Crash {
+                    begin
+                } else {
+                    mono_ns()
+                };
+                Fault {
+                    kind: kind.name().into(),
+                    victim: Some(victim),
+                    start: begin,
+                    end,
+                    note,
+                }
+            }
+            FaultKind::StorePause => {
+                let begin = mono_ns();
+                for &pid in &run.store_pids {
+                    signal_store(pid, Signal::SIGSTOP);
+                }
+                tokio::time::sleep(ttl * 2 + jitter).await;
+                for &pid in &run.store_pids {
+                    signal_store(pid, Signal::SIGCONT);
+                }
+                Fault {
+                    kind: kind.name().into(),
+                    victim: None,
+                    start: begin,
+                    end: mono_ns(),
+                    note: String::new(),
+                }
+            }
+            FaultKind::Minority => {
+                let minority = (nodes - 1) / 2;
+                let first = rng.random_range(0..nodes);
+                let cut: Vec<usize> = (0..minority).map(|i| (first + i) % nodes).collect();
+                let reset = rng.random_bool(0.5);
+                let begin = mono_ns();
+                for s in &run.slots {
+                    for &n in &cut {
+                        s.proxies[n].hole();
+                    }
+                }
+                tokio::time::sleep(ttl * 3 + jitter).await;
+                for s in &run.slots {
+                    for &n in &cut {
+                        s.proxies[n].heal(reset);
+                    }
+                }
+                Fault {
+                    kind: kind.name().into(),
+                    victim: None,
+                    start: begin,
+                    end: mono_ns(),
+                    note: format!("nodes {cut:?}, {}", if reset { "reset" } else { "resume" }),
+                }
+            }
+        };
+        *injected.entry(fault.kind.clone()).or_default() += 1;
+        faults.push(fault);
+    }
+
+    // The end: workers stop at their next report to the sink.
+    let end = mono_ns();
+    sink.stop();
+    let grace = tokio::time::Instant::now() + ttl * 6 + Duration::from_secs(10);
+    loop {
+        let alive = run
+            .slots
+            .iter_mut()
+            .map(|s| matches!(s.child.try_wait(), Ok(None)))
+            .filter(|alive| *alive)
+            .count();
+        if alive == 0 || tokio::time::Instant::now() >= grace {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let records = sink.records();
+    drop(run);
+
+    let mut events = Vec::new();
+    for w in 0..args.workers {
+        let path = dir.join(format!("worker-{w}.log"));
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        // A line cut short by kill -9 does not parse and is skipped.
+        events.extend(
+            text.lines()
+                .filter_map(|l| serde_json::from_str::<Event>(l).ok()),
+        );
+    }
+    let counts = check(&events, &records, &faults, start, end);
+    let mut violations = Vec::new();
+    if counts.grants == 0 {
+        violations.push("no lease was ever granted".to_string());
+    }
+    if counts.validity_overlaps > 0 {
+        violations.push(format!(
+            "{} times two workers held a lease they were entitled to trust at once ({:.0} ms)",
+            counts.validity_overlaps, counts.validity_overlap_ms
+        ));
+    }
+    if counts.token_regressions > 0 {
+        violations.push(format!(
+            "{} grants got a token not greater than an earlier grant's",
+            counts.token_regressions
+        ));
+    }
+    if !args.unfenced {
+        if counts.stale_admitted > 0 {
+            violations.push(format!(
+                "the fenced sink admitted {} stale writes",
+                counts.stale_admitted
+            ));
+        }
+        if counts.duplicated_rounds > 0 {
+            violations.push(format!(
+                "{} tokens were accepted from two grants",
+                counts.duplicated_rounds
+            ));
+        }
+        if counts.ack_mismatches > 0 {
+            violations.push(format!(
+                "{} acknowledged writes are missing from the sink",
+                counts.ack_mismatches
+            ));
+        }
+    }
+    if counts.lost_rounds > 0 {
+        violations.push(format!(
+            "{} writes of a valid holder were refused",
+            counts.lost_rounds
+        ));
+    }
+    for f in &args.faults {
+        if !injected.contains_key(f.name()) {
+            violations.push(format!(
+                "the fault {} was never injected (no holder to aim at, or the run was too short)",
+                f.name()
+            ));
+        }
+    }
+    let mut names: Vec<String> = args.faults.iter().map(|f| f.name().to_string()).collect();
+    names.sort();
+    names.dedup();
+    if respawned > 0 {
+        injected.insert("worker exits (respawned)".into(), respawned);
+    }
+    let report = Report {
+        backend: caps.backend.to_string(),
+        store: lease::redact(&args.store),
+        cell: if names.is_empty() {
+            "none".into()
+        } else {
+            names.join("+")
+        },
+        faults: names,
+        seed,
+        workers: args.workers,
+        ttl_ms: ttl.as_millis() as u64,
+        seconds: (end - start) as f64 / 1e9,
+        fenced: !args.unfenced,
+        token_durability: match &caps.durable_tokens {
+            TokenDurability::Durable(t) => format!("durable: {t}"),
+            TokenDurability::Volatile(t) => format!("volatile: {t}"),
+            TokenDurability::Unknown(t) => format!("unknown: {t}"),
+            other => format!("{other:?}"),
+        },
+        counts,
+        injected,
+        violations,
+    };
+    if let Some(path) = &args.json {
+        let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+        std::fs::write(path, json).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    Ok(report)
+}
+
+/// The worker to aim at: one in a long hold if any says so within `within`,
+/// else the newest holder.
+async fn pick_holder(sink: &Sink, within: Duration) -> Option<u32> {
+    let until = tokio::time::Instant::now() + within;
+    let mut fallback = None;
+    loop {
+        let holders = sink.holders();
+        if let Some(h) = holders.iter().find(|h| h.long) {
+            return Some(h.id.worker);
+        }
+        if fallback.is_none() {
+            fallback = holders.first().map(|h| h.id.worker);
+        }
+        if tokio::time::Instant::now() >= until {
+            return fallback.or_else(|| sink.holders().first().map(|h| h.id.worker));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_are_found_and_replaced() {
+        let h = Hosts::parse("redlock://127.0.0.1:16380,127.0.0.1:16381,localhost").expect("hosts");
+        assert_eq!(
+            h.hosts,
+            ["127.0.0.1:16380", "127.0.0.1:16381", "localhost:6379"]
+        );
+        let a: Vec<SocketAddr> = ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]
+            .iter()
+            .map(|s| s.parse().expect("addr"))
+            .collect();
+        assert_eq!(h.with(&a), "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3");
+        let pg = Hosts::parse("postgres://u:p@db:15432/x?lease_table=a.b").expect("pg");
+        assert_eq!(pg.hosts, ["db:15432"]);
+        assert_eq!(
+            pg.with(&a[..1]),
+            "postgres://u:p@127.0.0.1:1/x?lease_table=a.b"
+        );
+        assert_eq!(Hosts::parse("sqlite:///tmp/x.db"), None);
+        assert_eq!(Hosts::parse("memory://"), None);
+        assert_eq!(
+            Hosts::parse("zk://h1,h2:3/chroot").expect("zk").hosts,
+            ["h1:2181", "h2:3"]
+        );
+    }
+}

@@ -1,0 +1,232 @@
+//! The short chaos mode: every backend, real worker processes, real faults
+//! (SIGSTOP, kill -9, black-holed links, a frozen store), checked against
+//! what each backend declares. `scripts/chaos` runs the long matrix.
+//!
+//! The cells run one at a time (8 worker processes each on a 2-core machine).
+
+use clap::Parser;
+use lease_chaos::{Report, RunArgs, run};
+use lease_testkit::{TempDir, owned_etcd, owned_postgres, owned_redis, owned_zk, store_url};
+
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+async fn cell(store: &str, extra: &[&str]) -> Report {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let dir = TempDir::new("chaos");
+    let mut argv = vec![
+        "chaos",
+        "--store",
+        store,
+        "--fault-every",
+        "1s",
+        "--dir",
+        dir.path().to_str().expect("utf-8 temp dir"),
+    ];
+    argv.extend_from_slice(extra);
+    let args = Cli::parse_from(argv).run;
+    let worker = vec![
+        env!("CARGO_BIN_EXE_lease-chaos").into(),
+        "chaos-worker".into(),
+    ];
+    let report = run(args, worker).await.expect("the run starts");
+    println!("{}", report.text());
+    report
+}
+
+/// The verdict, and that the run did enough work to mean something.
+fn holds(r: &Report) {
+    assert!(r.passed(), "{}", r.text());
+    assert!(
+        r.counts.grants >= 50,
+        "too few grants to judge: {}",
+        r.text()
+    );
+    assert!(r.counts.recovery_ms.len() as u64 >= 2, "{}", r.text());
+}
+
+fn redis_url() -> String {
+    store_url("LEASE_TEST_REDIS_URL")
+}
+
+fn redlock_url() -> String {
+    let urls = store_url("LEASE_TEST_REDLOCK_URLS");
+    let hosts: Vec<&str> = urls
+        .split(',')
+        .map(|u| u.trim_start_matches("redis://").trim_end_matches('/'))
+        .collect();
+    format!("redlock://{}", hosts.join(","))
+}
+
+fn postgres_url() -> String {
+    store_url("LEASE_TEST_POSTGRES_URL")
+}
+
+fn etcd_url() -> String {
+    store_url("LEASE_TEST_ETCD_URL").replace("http://", "etcd://")
+}
+
+fn zk_url() -> String {
+    format!("zk://{}", store_url("LEASE_TEST_ZK_URL"))
+}
+
+const CLIENT_FAULTS: &[&str] = &["--faults", "pause,crash,partition", "--duration", "15s"];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_holds_under_pauses_crashes_and_partitions() {
+    holds(&cell(&redis_url(), CLIENT_FAULTS).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_holds_under_client_faults_and_a_cut_minority() {
+    let r = cell(
+        &redlock_url(),
+        &[
+            "--faults",
+            "pause,crash,partition,minority",
+            "--duration",
+            "20s",
+        ],
+    )
+    .await;
+    holds(&r);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_holds_under_pauses_crashes_and_partitions() {
+    holds(&cell(&postgres_url(), CLIENT_FAULTS).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_holds_under_pauses_crashes_and_partitions() {
+    holds(&cell(&etcd_url(), CLIENT_FAULTS).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_holds_under_pauses_crashes_and_partitions() {
+    holds(&cell(&zk_url(), CLIENT_FAULTS).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_holds_under_pauses_and_crashes() {
+    let dir = TempDir::new("chaos-sqlite");
+    let url = format!("sqlite://{}", dir.path().join("leases.db").display());
+    let r = cell(&url, &["--faults", "pause,crash", "--duration", "15s"]).await;
+    holds(&r);
+}
+
+/// A frozen store (SIGSTOP of the server's process group), on stores of
+/// this test's own so the shared ones keep serving the other tests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_networked_store_holds_while_frozen() {
+    let redis = owned_redis(false);
+    let pg = owned_postgres();
+    let etcd = owned_etcd();
+    let zk = owned_zk();
+    let stores = [
+        (format!("redis://127.0.0.1:{}", redis.port()), redis.pid()),
+        (
+            format!("postgres://postgres@127.0.0.1:{}/postgres", pg.port()),
+            pg.pid(),
+        ),
+        (format!("etcd://127.0.0.1:{}", etcd.port()), etcd.pid()),
+        (format!("zk://127.0.0.1:{}", zk.port()), zk.pid()),
+    ];
+    for (url, pid) in stores {
+        let pid = pid.to_string();
+        let r = cell(
+            &url,
+            &[
+                "--faults",
+                "store-pause,pause",
+                "--store-pid",
+                &pid,
+                "--duration",
+                "12s",
+            ],
+        )
+        .await;
+        holds(&r);
+    }
+}
+
+/// The control: without the fence, the same pauses let a paused worker's
+/// stale write land after its successor's. The checker must see it, or
+/// the fenced cells' zeros prove nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_fence_pauses_admit_stale_writes() {
+    let r = cell(
+        &redis_url(),
+        &[
+            "--faults",
+            "pause",
+            "--unfenced",
+            "--long-share",
+            "0.3",
+            "--duration",
+            "15s",
+        ],
+    )
+    .await;
+    assert!(
+        r.counts.stale_admitted > 0,
+        "an unfenced sink under pauses admitted no stale write: {}",
+        r.text()
+    );
+    assert!(r.counts.unsafe_windows > 0, "{}", r.text());
+    assert_eq!(r.counts.validity_overlaps, 0, "{}", r.text());
+    assert_eq!(r.counts.token_regressions, 0, "{}", r.text());
+}
+
+/// Bad configurations are clear errors before anything starts.
+#[tokio::test]
+async fn impossible_cells_are_refused_up_front() {
+    let bad = |argv: &[&str]| {
+        let mut v = vec!["chaos"];
+        v.extend_from_slice(argv);
+        Cli::parse_from(v).run
+    };
+    let worker = || {
+        vec![
+            env!("CARGO_BIN_EXE_lease-chaos").into(),
+            "chaos-worker".into(),
+        ]
+    };
+    let e = run(bad(&["--store", "memory://"]), worker())
+        .await
+        .expect_err("memory:// cannot coordinate processes");
+    assert!(e.contains("memory://"), "{e}");
+    let e = run(
+        bad(&["--store", "sqlite:///tmp/x.db", "--faults", "partition"]),
+        worker(),
+    )
+    .await
+    .expect_err("no host to partition");
+    assert!(e.contains("partition"), "{e}");
+    let e = run(
+        bad(&["--store", &redis_url(), "--faults", "store-pause"]),
+        worker(),
+    )
+    .await
+    .expect_err("no pid");
+    assert!(e.contains("--store-pid"), "{e}");
+    let e = run(
+        bad(&["--store", &redis_url(), "--faults", "minority"]),
+        worker(),
+    )
+    .await
+    .expect_err("one node has no minority");
+    assert!(e.contains("3 nodes"), "{e}");
+    // Nothing was frozen or left running: the store still answers.
+    let p = lease::connect(&redis_url()).expect("provider");
+    let key = lease::LeaseKey::new("chaos-after-refusals").expect("key");
+    assert!(
+        p.inspect(&key).await.is_ok(),
+        "the store answers after the refusals"
+    );
+}
