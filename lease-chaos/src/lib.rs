@@ -49,5 +49,5 @@ pub mod sink;
 pub mod worker;
 
 pub use checker::{Counts, check};
-pub use run::{FaultKind, Report, RunArgs, run};
+pub use run::{ChaosOptions, FaultKind, Report, RunArgs, run};
 pub use worker::{WorkerArgs, run_worker};

@@ -56,13 +56,25 @@ impl FaultKind {
     }
 }
 
-/// How to run one chaos cell.
+/// How to run one chaos cell: the store and the [`ChaosOptions`].
 #[derive(Clone, Debug, clap::Args)]
 pub struct RunArgs {
     /// The store URL (any form `lease` accepts except memory://, which cannot
     /// coordinate processes).
     #[arg(long, env = "LEASE_STORE")]
     pub store: String,
+    /// The lease namespace of the run's key.
+    #[arg(long, default_value = "lease-chaos")]
+    pub namespace: String,
+    /// Everything else.
+    #[command(flatten)]
+    pub options: ChaosOptions,
+}
+
+/// The options of a chaos cell apart from the store (the `lease` command
+/// takes the store from its own configuration).
+#[derive(Clone, Debug, clap::Args)]
+pub struct ChaosOptions {
     /// Worker processes competing for the key.
     #[arg(long, default_value_t = 8)]
     pub workers: u32,
@@ -102,9 +114,6 @@ pub struct RunArgs {
     /// The job's length in a short round.
     #[arg(long, default_value = "2ms", value_parser = humantime::parse_duration)]
     pub job: Duration,
-    /// The lease namespace of the run's key.
-    #[arg(long, default_value = "lease-chaos")]
-    pub namespace: String,
     /// Where the worker logs go (default: a fresh temporary directory).
     #[arg(long)]
     pub dir: Option<PathBuf>,
@@ -273,7 +282,8 @@ struct Run {
     slots: Vec<Slot>,
     store_pids: Vec<i32>,
     worker_cmd: Vec<OsString>,
-    args: RunArgs,
+    args: ChaosOptions,
+    namespace: String,
     dir: PathBuf,
     key: String,
     ttl: Duration,
@@ -314,10 +324,10 @@ impl Run {
             .map_err(|e| format!("cannot open a worker's error log: {e}"))?;
         Command::new(exe)
             .args(pre)
-            .arg("--store")
+            .arg("--url")
             .arg(url)
-            .arg("--namespace")
-            .arg(&self.args.namespace)
+            .arg("--ns")
+            .arg(&self.namespace)
             .arg("--key")
             .arg(&self.key)
             .arg("--worker")
@@ -382,11 +392,16 @@ impl Run {
 /// A bad configuration (memory://, a fault the store cannot take, no store
 /// PID for store-pause), a store that cannot be reached, or a worker that
 /// cannot be started.
-pub async fn run(mut args: RunArgs, worker_cmd: Vec<OsString>) -> Result<Report, String> {
+pub async fn run(args: RunArgs, worker_cmd: Vec<OsString>) -> Result<Report, String> {
+    let RunArgs {
+        store,
+        namespace,
+        options: mut args,
+    } = args;
     args.faults.retain(|f| *f != FaultKind::None);
     args.faults.sort();
     args.faults.dedup();
-    let parsed = lease::Store::parse(&args.store).map_err(|e| e.to_string())?;
+    let parsed = lease::Store::parse(&store).map_err(|e| e.to_string())?;
     if matches!(parsed, lease::Store::Memory) {
         return Err(
             "memory:// lives inside one process and cannot coordinate worker \
@@ -397,7 +412,7 @@ pub async fn run(mut args: RunArgs, worker_cmd: Vec<OsString>) -> Result<Report,
     if args.workers < 2 {
         return Err("--workers must be at least 2: a lease needs competition".into());
     }
-    let hosts = Hosts::parse(&args.store);
+    let hosts = Hosts::parse(&store);
     let nodes = hosts.as_ref().map_or(0, |h| h.hosts.len());
     for f in &args.faults {
         match f {
@@ -405,7 +420,7 @@ pub async fn run(mut args: RunArgs, worker_cmd: Vec<OsString>) -> Result<Report,
                 return Err(format!(
                     "{} needs a store reached over the network; {} has no host",
                     f.name(),
-                    lease::redact(&args.store)
+                    lease::redact(&store)
                 ));
             }
             FaultKind::Minority if nodes < 3 => {
@@ -417,8 +432,8 @@ pub async fn run(mut args: RunArgs, worker_cmd: Vec<OsString>) -> Result<Report,
             _ => {}
         }
     }
-    let probe = StoreConfig::new(args.store.clone())
-        .namespace(args.namespace.clone())
+    let probe = StoreConfig::new(store.clone())
+        .namespace(namespace.clone())
         .build()
         .map_err(|e| e.to_string())?;
     let caps = probe.capabilities().clone();
@@ -457,6 +472,7 @@ pub async fn run(mut args: RunArgs, worker_cmd: Vec<OsString>) -> Result<Report,
         store_pids: args.store_pids.clone(),
         worker_cmd,
         args: args.clone(),
+        namespace,
         dir: dir.clone(),
         key,
         ttl,
@@ -475,7 +491,7 @@ pub async fn run(mut args: RunArgs, worker_cmd: Vec<OsString>) -> Result<Report,
         }
         let url = match &hosts {
             Some(h) => h.with(&proxies.iter().map(Proxy::addr).collect::<Vec<_>>()),
-            None => args.store.clone(),
+            None => store.clone(),
         };
         let child = run.spawn(w, 0, &url)?;
         run.slots.push(Slot {
@@ -700,7 +716,7 @@ pub async fn run(mut args: RunArgs, worker_cmd: Vec<OsString>) -> Result<Report,
     }
     let report = Report {
         backend: caps.backend.to_string(),
-        store: lease::redact(&args.store),
+        store: lease::redact(&store),
         cell: if names.is_empty() {
             "none".into()
         } else {

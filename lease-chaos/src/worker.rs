@@ -26,10 +26,10 @@ use crate::history::{Event, GrantId, WriteOutcome, instant_ns, mono_ns};
 pub struct WorkerArgs {
     /// The store URL (already pointed at this worker's proxies).
     #[arg(long)]
-    pub store: String,
+    pub url: String,
     /// The lease namespace.
     #[arg(long)]
-    pub namespace: String,
+    pub ns: String,
     /// The shared key.
     #[arg(long)]
     pub key: String,
@@ -105,8 +105,8 @@ pub async fn run_worker(args: WorkerArgs) -> Result<(), String> {
         w,
     };
     let request = (args.ttl / 2).max(Duration::from_millis(500));
-    let provider = StoreConfig::new(args.store.clone())
-        .namespace(args.namespace.clone())
+    let provider = StoreConfig::new(args.url.clone())
+        .namespace(args.ns.clone())
         .timeouts(Duration::from_secs(2), request)
         .build()
         .map_err(|e| e.to_string())?;

@@ -144,6 +144,19 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Chaos-test the configured store: worker processes compete for one key
+    /// while faults are injected (by default pauses, kill -9 and partitions,
+    /// all on the client side: no control of the servers needed), then the
+    /// history is checked against what the store declares (unsafe windows,
+    /// stale writes a fenced sink admitted, token regressions, recovery time).
+    /// Exit 0 held, 1 violated, 64 a cell that cannot run.
+    Chaos {
+        #[command(flatten)]
+        options: lease_chaos::ChaosOptions,
+    },
+    /// Internal: one chaos worker process.
+    #[command(hide = true)]
+    ChaosWorker(lease_chaos::WorkerArgs),
     /// Run the conformance suite against the configured store, in namespaces
     /// under --namespace. Exit 0 all passed, 1 a case failed, 69 store unreachable.
     Conformance {
@@ -419,6 +432,19 @@ fn main() -> ExitCode {
     {
         return supervise::supervise(*fd, Duration::from_millis(*grace_ms), *valid_until_ns, cmd);
     }
+    if let Command::ChaosWorker(args) = &cli.command {
+        let args = args.clone();
+        return match tokio::runtime::Runtime::new() {
+            Ok(rt) => match rt.block_on(lease_chaos::run_worker(args)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(EXIT_USAGE, format!("chaos worker: {e}")),
+            },
+            Err(e) => fail(
+                EXIT_UNAVAILABLE,
+                format!("cannot start the async runtime: {e}"),
+            ),
+        };
+    }
     if let Command::Completions { shell } = &cli.command {
         use clap::CommandFactory;
         clap_complete::generate(*shell, &mut Cli::command(), "lease", &mut std::io::stdout());
@@ -486,6 +512,7 @@ async fn async_main(cli: Cli) -> ExitCode {
         }
         Command::Status { key, json } => status(&config, &key, json).await,
         Command::Conformance { json } => conformance(&config, json).await,
+        Command::Chaos { options } => chaos(&config, options).await,
         Command::Acquire {
             key,
             ttl,
@@ -497,7 +524,9 @@ async fn async_main(cli: Cli) -> ExitCode {
         }
         Command::Release { lease } => script_release(&config, &lease).await,
         Command::Check { key, token } => script_check(&config, &key, token).await,
-        Command::Completions { .. } | Command::Supervise { .. } => ExitCode::from(EXIT_USAGE),
+        Command::Completions { .. } | Command::Supervise { .. } | Command::ChaosWorker(_) => {
+            ExitCode::from(EXIT_USAGE)
+        }
     }
 }
 
@@ -1028,5 +1057,35 @@ async fn conformance(config: &StoreConfig, json: bool) -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
+    }
+}
+
+/// `lease chaos`: one chaos cell against the configured store; the workers
+/// are this program again, started with the hidden `chaos-worker` command.
+async fn chaos(config: &StoreConfig, options: lease_chaos::ChaosOptions) -> ExitCode {
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => {
+            return fail(
+                EXIT_USAGE,
+                format!("cannot find this program to start workers: {e}"),
+            );
+        }
+    };
+    let args = lease_chaos::RunArgs {
+        store: config.store.clone(),
+        namespace: config.namespace.clone(),
+        options,
+    };
+    match lease_chaos::run(args, vec![exe.into(), "chaos-worker".into()]).await {
+        Ok(report) => {
+            print!("{}", report.text());
+            if report.passed() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Err(e) => fail(EXIT_USAGE, e),
     }
 }

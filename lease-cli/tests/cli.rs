@@ -1257,3 +1257,45 @@ fn with_no_store_runs_coordinate_across_processes() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `lease chaos` against a user's store: real worker processes (this binary
+/// again), pauses and kill -9 aimed at the holder, judged by the checker.
+#[test]
+fn chaos_runs_workers_against_the_store_and_judges_them() {
+    let out = output({
+        let mut c = lease();
+        c.args([
+            "--store",
+            &shared("redis"),
+            "--namespace",
+            &unique("cli-chaos"),
+            "chaos",
+            "--faults",
+            "pause,crash",
+            "--fault-every",
+            "1s",
+            "--duration",
+            "10s",
+        ]);
+        c
+    });
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "lease chaos failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("PASS"), "{stdout}");
+    assert!(
+        stdout.contains("\"crash\"") && stdout.contains("\"pause\""),
+        "both faults were injected: {stdout}"
+    );
+    // A cell that cannot run is a usage error, not a verdict.
+    let out = output({
+        let mut c = lease();
+        c.args(["--store", "memory://", "chaos"]);
+        c
+    });
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("memory://"));
+}
