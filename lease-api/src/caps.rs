@@ -47,6 +47,28 @@ pub enum ExpiryClock {
     HostMonotonic,
 }
 
+impl ExpiryClock {
+    /// True when the clock that decides expiry is a server's wall clock, so a
+    /// jump of that clock (an NTP step, a VM resumed from a snapshot, an
+    /// operator's `date -s`) moves every lease's expiry with it: a forward
+    /// jump ends leases early, and a holder's local validity can then overlap
+    /// the next holder's. Redis and PostgreSQL expire on the server's wall
+    /// clock, ZooKeeper compares node mtimes, and Redlock trusts each node's
+    /// clock (Kleppmann's objection); etcd's lessor, SQLite's
+    /// `CLOCK_MONOTONIC` and the in-memory provider do not follow the wall
+    /// clock. Fencing tokens still order the holders when it happens.
+    pub fn follows_wall_clock(self) -> bool {
+        match self {
+            ExpiryClock::StoreServer
+            | ExpiryClock::ServerWallClock
+            | ExpiryClock::QuorumOfServers => true,
+            ExpiryClock::ProcessMonotonic
+            | ExpiryClock::ConsensusLeader
+            | ExpiryClock::HostMonotonic => false,
+        }
+    }
+}
+
 /// How a provider learns that a key became free (C9).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -247,6 +269,24 @@ fn round_up(ttl: Duration, granularity: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wall_clock_expiry_is_named_per_clock() {
+        for c in [
+            ExpiryClock::StoreServer,
+            ExpiryClock::ServerWallClock,
+            ExpiryClock::QuorumOfServers,
+        ] {
+            assert!(c.follows_wall_clock(), "{c:?}");
+        }
+        for c in [
+            ExpiryClock::ProcessMonotonic,
+            ExpiryClock::ConsensusLeader,
+            ExpiryClock::HostMonotonic,
+        ] {
+            assert!(!c.follows_wall_clock(), "{c:?}");
+        }
+    }
 
     fn caps(min: u64, gran: u64) -> Capabilities {
         Capabilities {

@@ -77,8 +77,10 @@ pub fn table(reports: &[Report]) -> String {
             } else {
                 String::new()
             },
-            if r.passed() {
+            if r.passed() && r.declared.is_empty() {
                 "holds".to_string()
+            } else if r.passed() {
+                format!("holds as declared: {}", r.declared.join("; "))
             } else {
                 format!("**VIOLATED**: {}", r.violations.join("; "))
             },
@@ -194,6 +196,7 @@ mod tests {
             },
             injected: BTreeMap::from([("pause".to_string(), 2)]),
             violations: Vec::new(),
+            declared: Vec::new(),
         }
     }
 

@@ -120,6 +120,62 @@ async fn sqlite_holds_under_pauses_and_crashes() {
     holds(&r);
 }
 
+/// Kleppmann's Redlock scenario, run for real: one node cut, a holder with
+/// exactly a majority, the other node of that majority jumps its clock. Two
+/// workers then hold valid leases at once (declared: Redlock expiry follows
+/// each node's wall clock), and the fence still admits no stale write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clock_jump_on_a_redlock_node_breaks_exclusion_but_not_the_fence() {
+    let r = cell(
+        &redlock_url(),
+        &[
+            "--faults",
+            "clock-jump",
+            "--long-share",
+            "0.3",
+            "--duration",
+            "20s",
+        ],
+    )
+    .await;
+    assert!(r.passed(), "{}", r.text());
+    assert!(
+        r.counts.validity_overlaps > 0,
+        "the jump never let a second holder in: {}",
+        r.text()
+    );
+    assert!(!r.declared.is_empty(), "{}", r.text());
+    assert_eq!(r.counts.stale_admitted, 0, "{}", r.text());
+    assert_eq!(r.counts.token_regressions, 0, "{}", r.text());
+}
+
+/// A Redlock node that comes back without its data (a restart without
+/// persistence) while a holder holds: tokens go back, as the capabilities
+/// declare (Volatile), and the fence refuses the regressed holders instead of
+/// admitting a stale write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redlock_node_losing_its_counters_regresses_tokens_as_declared() {
+    let r = cell(
+        &redlock_url(),
+        &[
+            "--faults",
+            "node-wipe",
+            "--long-share",
+            "0.3",
+            "--duration",
+            "20s",
+        ],
+    )
+    .await;
+    assert!(r.passed(), "{}", r.text());
+    assert!(
+        r.counts.token_regressions > 0,
+        "no regression after nodes lost their counters: {}",
+        r.text()
+    );
+    assert_eq!(r.counts.stale_admitted, 0, "{}", r.text());
+}
+
 /// A frozen store (SIGSTOP of the server's process group), on stores of
 /// this test's own so the shared ones keep serving the other tests.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
