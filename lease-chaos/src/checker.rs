@@ -172,19 +172,23 @@ pub fn check(
     by_ok.sort_by_key(|g| (g.ok, g.id));
 
     // Overlaps: each grant against its successor (the next grant to another
-    // worker): did it still act, or still hold a valid lease, after that?
+    // worker): did it still act, or still hold a valid lease, after that? A
+    // grant logged only after its validity ended (its worker was paused
+    // between the acquire's return and the log line) never held a valid
+    // lease in the log's eyes: it is no successor for validity.
+    let other = |a: &GrantView, b: &GrantView| (b.id.worker, b.id.inc) != (a.id.worker, a.id.inc);
     for (i, a) in by_ok.iter().enumerate() {
-        let Some(b) = by_ok[i + 1..]
-            .iter()
-            .find(|b| (b.id.worker, b.id.inc) != (a.id.worker, a.id.inc))
-        else {
-            continue;
-        };
-        if b.ok < a.acting_end {
+        if let Some(b) = by_ok[i + 1..].iter().find(|b| other(a, b))
+            && b.ok < a.acting_end
+        {
             c.unsafe_windows += 1;
             c.unsafe_ms += ms(a.acting_end - b.ok);
         }
-        if b.ok < a.valid_end {
+        if let Some(b) = by_ok[i + 1..]
+            .iter()
+            .find(|b| other(a, b) && b.valid_end > b.ok)
+            && b.ok < a.valid_end
+        {
             c.validity_overlaps += 1;
             c.validity_overlap_ms += ms(a.valid_end - b.ok);
         }
@@ -217,7 +221,9 @@ pub fn check(
             p += 1;
         }
         if !r.accepted {
-            if r.valid_at_send {
+            // Still valid when the sink got it (a write built valid and then
+            // delayed past its validity by a pause is no lost round).
+            if r.valid_at_send && r.recv < r.valid_until {
                 c.lost_rounds += 1;
             }
             continue;
@@ -340,6 +346,7 @@ mod tests {
             seq,
             token,
             valid_at_send: valid,
+            valid_until: if valid { (at_ms + 100) * MS } else { 0 },
             recv: at_ms * MS,
             accepted: ok,
         }
@@ -451,6 +458,33 @@ mod tests {
         let c = check(&events, &sink, &[], 0, 100 * MS);
         assert_eq!(c.token_regressions, 2, "b and c2 both got tokens below a's");
         assert_eq!(c.lost_rounds, 1);
+    }
+
+    /// A worker paused between the acquire's return and its log line logs
+    /// the grant after its validity ended and after the next holder's grant:
+    /// no overlap of validity (it never held a lease it could trust), and a
+    /// write it built while valid but sent after a pause is no lost round.
+    #[test]
+    fn a_grant_logged_after_its_validity_is_no_overlap() {
+        let (a, b) = (id(1, 1), id(2, 1));
+        let events = vec![
+            grant(b, 0, 1, 11, 1001),
+            grant(a, 0, 300, 10, 200),
+            release(a, 301),
+            release(b, 400),
+        ];
+        let late = SinkRecord {
+            id: a,
+            seq: 1,
+            token: 10,
+            valid_at_send: true,
+            valid_until: 200 * MS,
+            recv: 350 * MS,
+            accepted: false,
+        };
+        let c = check(&events, &[late], &[], 0, 500 * MS);
+        assert_eq!(c.validity_overlaps, 0);
+        assert_eq!(c.lost_rounds, 0);
     }
 
     /// Two grants overlapping while both valid (a store that granted early).

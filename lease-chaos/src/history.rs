@@ -16,8 +16,12 @@ pub fn mono_ns() -> u64 {
 }
 
 /// A tokio (= std, `CLOCK_MONOTONIC`) instant as [`mono_ns`] nanoseconds.
+/// The two clocks are read monotonic first, so a preemption between the
+/// reads makes the result earlier, never later (a validity end is never
+/// overstated).
 pub fn instant_ns(at: tokio::time::Instant) -> u64 {
-    let (now_i, now) = (tokio::time::Instant::now(), mono_ns());
+    let now = mono_ns();
+    let now_i = tokio::time::Instant::now();
     if at >= now_i {
         now.saturating_add((at - now_i).as_nanos() as u64)
     } else {
@@ -135,6 +139,9 @@ pub struct SinkRecord {
     pub token: u64,
     /// The worker's belief that its lease was valid when it sent it.
     pub valid_at_send: bool,
+    /// The end of the writer's local validity as it sent the write.
+    #[serde(default)]
+    pub valid_until: u64,
     /// When the sink received it.
     pub recv: u64,
     /// Whether the sink accepted it.

@@ -29,9 +29,9 @@
 //!     run: RunArgs,
 //! }
 //! let cli = Cli::parse_from(["x", "--store", "redis://127.0.0.1:6379", "--duration", "30s"]);
-//! // Workers are this program again, started with its worker subcommand.
-//! let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-//! let report = run(cli.run, vec![exe.into(), "chaos-worker".into()]).await?;
+//! // Workers are this program again, started with its hidden `chaos-worker`
+//! // subcommand, which calls `lease_chaos::run_worker`.
+//! let report = run(cli.run, lease_chaos::self_worker_command()?).await?;
 //! println!("{}", report.text());
 //! assert!(report.passed());
 //! # Ok(())
@@ -49,5 +49,5 @@ pub mod sink;
 pub mod worker;
 
 pub use checker::{Counts, check};
-pub use run::{ChaosOptions, FaultKind, Report, RunArgs, run};
+pub use run::{ChaosOptions, FaultKind, Report, RunArgs, run, run_and_print, self_worker_command};
 pub use worker::{WorkerArgs, run_worker};

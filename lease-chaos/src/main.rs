@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use lease_chaos::{RunArgs, WorkerArgs, matrix, run, run_worker};
+use lease_chaos::{RunArgs, WorkerArgs, matrix, run_and_print, run_worker};
 
 #[derive(Parser)]
 #[command(about = "A Jepsen-style chaos harness for lease stores")]
@@ -55,29 +55,13 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        Cmd::Run(args) => {
-            let exe = match std::env::current_exe() {
-                Ok(exe) => exe,
-                Err(e) => {
-                    eprintln!("lease-chaos: cannot find this program to start workers: {e}");
-                    return ExitCode::from(2);
-                }
-            };
-            match rt.block_on(run(args, vec![exe.into(), "chaos-worker".into()])) {
-                Ok(report) => {
-                    print!("{}", report.text());
-                    if report.passed() {
-                        ExitCode::SUCCESS
-                    } else {
-                        ExitCode::from(1)
-                    }
-                }
-                Err(e) => {
-                    eprintln!("lease-chaos: {e}");
-                    ExitCode::from(2)
-                }
+        Cmd::Run(args) => match rt.block_on(run_and_print(args)) {
+            Ok(code) => ExitCode::from(code),
+            Err(e) => {
+                eprintln!("lease-chaos: {e}");
+                ExitCode::from(2)
             }
-        }
+        },
         Cmd::Report { dir, out, setup } => match write_report(&dir, &out, &setup) {
             Ok(failed) => {
                 if failed > 0 {

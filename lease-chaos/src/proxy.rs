@@ -41,8 +41,15 @@ impl Proxy {
         let task = tokio::spawn(async move {
             while let Ok((inbound, _)) = listener.accept().await {
                 let watch = watch.clone();
+                let mut watch = watch;
                 tokio::spawn(async move {
                     let resets = watch.borrow().resets;
+                    // Accepted but not connected through while black-holed:
+                    // the store sees nothing of it until the heal.
+                    match watch.wait_for(|s| !s.holed || s.resets != resets).await {
+                        Ok(s) if s.resets == resets => {}
+                        _ => return,
+                    }
                     let Ok(outbound) = TcpStream::connect(target).await else {
                         return;
                     };

@@ -7,6 +7,8 @@ use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use lease::{StoreConfig, TokenDurability};
@@ -360,7 +362,7 @@ impl Run {
             .arg("--sink")
             .arg(self.sink_addr.to_string())
             .arg("--log")
-            .arg(self.dir.join(format!("worker-{worker}.log")))
+            .arg(self.dir.join(format!("worker-{worker}-{inc}.log")))
             .arg("--ttl")
             .arg(format!("{}ms", self.ttl.as_millis()))
             .arg("--job")
@@ -405,6 +407,29 @@ impl Run {
         slot.inc = inc;
         Ok(())
     }
+}
+
+/// The command that starts a worker: this executable with its hidden
+/// `chaos-worker` subcommand (both `lease-chaos` and `lease` have one).
+///
+/// # Errors
+/// When the running executable cannot be found.
+pub fn self_worker_command() -> Result<Vec<OsString>, String> {
+    let exe = std::env::current_exe()
+        .map_err(|e| format!("cannot find this program to start workers: {e}"))?;
+    Ok(vec![exe.into(), "chaos-worker".into()])
+}
+
+/// Runs a cell with this executable as the worker, prints the report and
+/// returns the exit code: 0 held, 1 violated, `Err` when the cell could not
+/// run.
+///
+/// # Errors
+/// As [`run`].
+pub async fn run_and_print(args: RunArgs) -> Result<u8, String> {
+    let report = run(args, self_worker_command()?).await?;
+    print!("{}", report.text());
+    Ok(if report.passed() { 0 } else { 1 })
 }
 
 /// Runs one chaos cell. `worker_cmd` is the program and leading arguments
@@ -480,8 +505,11 @@ pub async fn run(args: RunArgs, worker_cmd: Vec<OsString>) -> Result<Report, Str
         }
     };
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    for w in 0..args.workers {
-        let _ = std::fs::remove_file(dir.join(format!("worker-{w}.log")));
+    // One log per incarnation: a line torn by kill -9 cannot swallow the
+    // next incarnation's first line. Logs of an earlier run in the same
+    // directory go.
+    for path in worker_logs(&dir) {
+        let _ = std::fs::remove_file(path);
     }
     let sink = Sink::start(!args.unfenced)
         .await
@@ -535,7 +563,32 @@ pub async fn run(args: RunArgs, worker_cmd: Vec<OsString>) -> Result<Report, Str
 
     let deadline = tokio::time::Instant::now() + args.duration;
     let target = args.acquisitions.unwrap_or(u64::MAX);
-    let over = |sink: &Sink| tokio::time::Instant::now() >= deadline || sink.grants() >= target;
+    // SIGINT or SIGTERM ends the run the normal way: the fault in progress
+    // heals (a frozen store is thawed), workers are stopped, then an error.
+    let interrupted = Arc::new(AtomicBool::new(false));
+    let listener = {
+        let flag = Arc::clone(&interrupted);
+        tokio::spawn(async move {
+            let term = async {
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(mut s) => {
+                        s.recv().await;
+                    }
+                    Err(_) => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                () = term => {}
+            }
+            flag.store(true, Ordering::SeqCst);
+        })
+    };
+    let over = |sink: &Sink| {
+        tokio::time::Instant::now() >= deadline
+            || sink.grants() >= target
+            || interrupted.load(Ordering::SeqCst)
+    };
     let mut faults: Vec<Fault> = Vec::new();
     let mut injected: BTreeMap<String, u64> = BTreeMap::new();
     let mut respawned = 0u64;
@@ -680,7 +733,18 @@ pub async fn run(args: RunArgs, worker_cmd: Vec<OsString>) -> Result<Report, Str
                     }
                 }
                 let touched = acted?;
-                if holder.is_none() {
+                if holder.is_none() || touched == 0 {
+                    // The cut happened, the jump or wipe did not: recorded
+                    // as what it was.
+                    if let Some(c) = cut {
+                        faults.push(Fault {
+                            kind: FaultKind::Minority.name().into(),
+                            victim: None,
+                            start: begin,
+                            end: mono_ns(),
+                            note: format!("node {c} (no holder for {})", kind.name()),
+                        });
+                    }
                     continue;
                 }
                 tokio::time::sleep(ttl * 2 + jitter).await;
@@ -719,12 +783,13 @@ pub async fn run(args: RunArgs, worker_cmd: Vec<OsString>) -> Result<Report, Str
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let records = sink.records();
+    // Workers still alive after the grace are killed first, so no write
+    // lands after the records are read.
     drop(run);
+    let records = sink.records();
 
     let mut events = Vec::new();
-    for w in 0..args.workers {
-        let path = dir.join(format!("worker-{w}.log"));
+    for path in worker_logs(&dir) {
         let text = std::fs::read_to_string(&path).unwrap_or_default();
         // A line cut short by kill -9 does not parse and is skipped.
         events.extend(
@@ -733,6 +798,10 @@ pub async fn run(args: RunArgs, worker_cmd: Vec<OsString>) -> Result<Report, Str
         );
     }
     let counts = check(&events, &records, &faults, start, end);
+    listener.abort();
+    if interrupted.load(Ordering::SeqCst) {
+        return Err("interrupted: the faults were healed and the workers stopped".into());
+    }
     let (violations, declared) = judge(&counts, &caps, &injected, !args.unfenced);
     let mut violations = violations;
     for f in &args.faults {
@@ -779,6 +848,22 @@ pub async fn run(args: RunArgs, worker_cmd: Vec<OsString>) -> Result<Report, Str
         std::fs::write(path, json).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     }
     Ok(report)
+}
+
+/// The worker logs in `dir`.
+fn worker_logs(dir: &std::path::Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    name.starts_with("worker-") && name.ends_with(".log")
+                })
+                .map(|e| e.path())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Sorts what the checker counted into violations and declared behaviour.
@@ -875,17 +960,14 @@ fn judge(
 /// else the newest holder.
 async fn pick_holder(sink: &Sink, within: Duration) -> Option<u32> {
     let until = tokio::time::Instant::now() + within;
-    let mut fallback = None;
     loop {
         let holders = sink.holders();
         if let Some(h) = holders.iter().find(|h| h.long) {
             return Some(h.id.worker);
         }
-        if fallback.is_none() {
-            fallback = holders.first().map(|h| h.id.worker);
-        }
         if tokio::time::Instant::now() >= until {
-            return fallback.or_else(|| sink.holders().first().map(|h| h.id.worker));
+            // Whoever holds now, not whoever held when the wait began.
+            return sink.holders().first().map(|h| h.id.worker);
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -944,12 +1026,13 @@ return n";
     } else {
         "shift"
     };
-    redis::Script::new(SCRIPT)
-        .arg(pattern)
-        .arg(delta_ms)
-        .arg(mode)
-        .invoke_async(&mut conn)
+    let script = redis::Script::new(SCRIPT);
+    let mut invocation = script.prepare_invoke();
+    invocation.arg(pattern).arg(delta_ms).arg(mode);
+    let call = invocation.invoke_async(&mut conn);
+    tokio::time::timeout(Duration::from_secs(5), call)
         .await
+        .map_err(|_| "the node did not answer the script".to_string())?
         .map_err(|e| e.to_string())
 }
 

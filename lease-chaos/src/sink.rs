@@ -7,7 +7,8 @@
 //!
 //! The protocol is one line per request, one line per answer, over TCP on
 //! loopback:
-//! - `W worker inc grant seq token valid` → `A` (accepted) or `R` (refused);
+//! - `W worker inc grant seq token valid valid_until` → `A` (accepted) or
+//!   `R` (refused);
 //! - `H worker inc grant token long` (holding) and `E worker inc grant` (done)
 //!   → `K`, or `S` once the run is over.
 
@@ -133,13 +134,14 @@ async fn serve(conn: TcpStream, state: Arc<Mutex<State>>, fenced: bool) -> std::
     let (r, mut w) = conn.into_split();
     let mut lines = BufReader::new(r).lines();
     while let Some(line) = lines.next_line().await? {
-        let recv = mono_ns();
         let parts: Vec<&str> = line.split_whitespace().collect();
         let answer = {
             let Ok(mut s) = state.lock() else {
                 return Ok(());
             };
-            answer(&mut s, &parts, recv, fenced)
+            // Stamped under the lock: receive times follow the order in
+            // which the fence decided.
+            answer(&mut s, &parts, mono_ns(), fenced)
         };
         let Some(answer) = answer else {
             return Ok(()); // not our protocol: hang up
@@ -154,6 +156,7 @@ fn answer(s: &mut State, parts: &[&str], recv: u64, fenced: bool) -> Option<&'st
     match *parts.first()? {
         "W" => {
             let (seq, token, valid) = (field(parts, 4)?, field(parts, 5)?, field(parts, 6)?);
+            let valid_until = field(parts, 7).unwrap_or(0);
             let accepted = !fenced
                 || match s.last {
                     None => true,
@@ -167,6 +170,7 @@ fn answer(s: &mut State, parts: &[&str], recv: u64, fenced: bool) -> Option<&'st
                 seq,
                 token,
                 valid_at_send: valid == 1,
+                valid_until,
                 recv,
                 accepted,
             });

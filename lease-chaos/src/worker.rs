@@ -204,8 +204,9 @@ async fn write(
     valid: bool,
 ) -> bool {
     let invoke = mono_ns();
+    let valid_until = instant_ns(lease.valid_until());
     let line = format!(
-        "W {} {} {} {} {} {}\n",
+        "W {} {} {} {} {} {} {valid_until}\n",
         id.worker,
         id.inc,
         id.grant,
@@ -224,7 +225,7 @@ async fn write(
         seq,
         token: lease.token().get(),
         valid_at_send: valid,
-        valid_until: instant_ns(lease.valid_until()),
+        valid_until,
         invoke,
         done: mono_ns(),
         outcome,

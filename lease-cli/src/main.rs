@@ -1063,29 +1063,13 @@ async fn conformance(config: &StoreConfig, json: bool) -> ExitCode {
 /// `lease chaos`: one chaos cell against the configured store; the workers
 /// are this program again, started with the hidden `chaos-worker` command.
 async fn chaos(config: &StoreConfig, options: lease_chaos::ChaosOptions) -> ExitCode {
-    let exe = match std::env::current_exe() {
-        Ok(exe) => exe,
-        Err(e) => {
-            return fail(
-                EXIT_USAGE,
-                format!("cannot find this program to start workers: {e}"),
-            );
-        }
-    };
     let args = lease_chaos::RunArgs {
         store: config.store.clone(),
         namespace: config.namespace.clone(),
         options,
     };
-    match lease_chaos::run(args, vec![exe.into(), "chaos-worker".into()]).await {
-        Ok(report) => {
-            print!("{}", report.text());
-            if report.passed() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            }
-        }
+    match lease_chaos::run_and_print(args).await {
+        Ok(code) => ExitCode::from(code),
         Err(e) => fail(EXIT_USAGE, e),
     }
 }
