@@ -40,21 +40,22 @@ fn pct(v: &[f64], q: f64) -> f64 {
 /// The markdown table of `reports`.
 pub fn table(reports: &[Report]) -> String {
     let mut s = String::from(
-        "| backend | faults | sink | grants | injected | unsafe windows (ms) | validity overlaps | \
+        "| backend | faults | sink | grants | s | injected | unsafe windows (ms) | validity overlaps | \
          stale sent | stale admitted | late admitted | token regressions | lost / dup rounds | \
          availability | recovery p50 / max (ms) | verdict |\n\
-         |---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+         |---|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for r in reports {
         let c = &r.counts;
         let injected: Vec<String> = r.injected.iter().map(|(k, v)| format!("{k} {v}")).collect();
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} ({:.0}) | {} | {} | {} | {} | {} | {} / {} | {:.1}% | {:.0} / {:.0}{} | {} |",
+            "| {} | {} | {} | {} | {:.0} | {} | {} ({:.0}) | {} | {} | {} | {} | {} | {} / {} | {:.1}% | {:.0} / {:.0}{} | {} |",
             r.backend,
             r.cell,
             if r.fenced { "fenced" } else { "**unfenced**" },
             c.grants,
+            r.seconds,
             if injected.is_empty() {
                 "—".to_string()
             } else {
@@ -206,7 +207,7 @@ mod tests {
         let t = table(&rs);
         assert_eq!(t.lines().count(), 4);
         assert!(
-            t.contains("| redis | pause | fenced | 10 | pause 2 | 3 (0) |"),
+            t.contains("| redis | pause | fenced | 10 | 1 | pause 2 | 3 (0) |"),
             "{t}"
         );
         assert!(t.contains("**unfenced**"));

@@ -109,7 +109,11 @@ fn holder_worker() {
             .unwrap()
             .into_lease()
             .unwrap();
-        std::fs::write(db.with_extension("held"), lease.token().to_string()).unwrap();
+        // Written aside and renamed: the test polls for the marker and must
+        // never read it half-written.
+        let aside = db.with_extension("held.tmp");
+        std::fs::write(&aside, lease.token().to_string()).unwrap();
+        std::fs::rename(&aside, db.with_extension("held")).unwrap();
         tokio::time::sleep(Duration::from_secs(600)).await;
     });
 }
