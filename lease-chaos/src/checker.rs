@@ -162,9 +162,24 @@ pub fn check(
             Event::AcquireFailed { .. } => {}
         }
     }
+    // A worker killed by a crash fault acts no more: its grants made before
+    // the kill end there (a store may free a dead holder's key before its TTL,
+    // as ZooKeeper does when the session ends).
+    let mut killed: HashMap<u32, Vec<u64>> = HashMap::new();
+    for f in faults.iter().filter(|f| f.kind == "crash") {
+        if let Some(w) = f.victim {
+            killed.entry(w).or_default().push(f.start);
+        }
+    }
     for g in grants.values_mut() {
         let until = seen_until.get(&g.id).copied().unwrap_or(g.ok);
-        let stop = stop_at.get(&g.id).copied().unwrap_or(u64::MAX);
+        let mut stop = stop_at.get(&g.id).copied().unwrap_or(u64::MAX);
+        if let Some(k) = killed
+            .get(&g.id.worker)
+            .and_then(|kills| kills.iter().filter(|k| **k >= g.ok).min())
+        {
+            stop = stop.min(*k);
+        }
         g.valid_end = until.min(stop).max(g.ok);
         g.acting_end = g.valid_end.max(last_write.get(&g.id).copied().unwrap_or(0));
     }
@@ -485,6 +500,26 @@ mod tests {
         let c = check(&events, &[late], &[], 0, 500 * MS);
         assert_eq!(c.validity_overlaps, 0);
         assert_eq!(c.lost_rounds, 0);
+    }
+
+    /// A holder killed by a crash fault holds nothing after its death, even
+    /// when the store frees its key before the TTL (ZooKeeper sessions).
+    #[test]
+    fn a_killed_holder_is_no_overlap() {
+        let (a, b) = (id(1, 1), id(2, 1));
+        let events = vec![grant(a, 0, 1, 10, 1000), grant(b, 50, 60, 11, 1060)];
+        let crash = Fault {
+            kind: "crash".into(),
+            victim: Some(1),
+            start: 20 * MS,
+            end: 20 * MS,
+            note: String::new(),
+        };
+        assert_eq!(check(&events, &[], &[], 0, 2000 * MS).validity_overlaps, 1);
+        assert_eq!(
+            check(&events, &[], &[crash], 0, 2000 * MS).validity_overlaps,
+            0
+        );
     }
 
     /// Two grants overlapping while both valid (a store that granted early).
