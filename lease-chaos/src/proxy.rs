@@ -46,9 +46,8 @@ impl Proxy {
                     let resets = watch.borrow().resets;
                     // Accepted but not connected through while black-holed:
                     // the store sees nothing of it until the heal.
-                    match watch.wait_for(|s| !s.holed || s.resets != resets).await {
-                        Ok(s) if s.resets == resets => {}
-                        _ => return,
+                    if !passable(&mut watch, resets).await {
+                        return;
                     }
                     let Ok(outbound) = TcpStream::connect(target).await else {
                         return;
@@ -89,6 +88,15 @@ impl Proxy {
     }
 }
 
+/// Waits until the link passes traffic; false when it was reset (or the
+/// proxy went away) instead: the connection must end.
+async fn passable(watch: &mut watch::Receiver<LinkState>, resets: u64) -> bool {
+    watch
+        .wait_for(|s| !s.holed || s.resets != resets)
+        .await
+        .is_ok_and(|s| s.resets == resets)
+}
+
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
@@ -97,11 +105,7 @@ async fn pump(
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
-        if watch
-            .wait_for(|s| !s.holed || s.resets != resets)
-            .await
-            .map_or(true, |s| s.resets != resets)
-        {
+        if !passable(&mut watch, resets).await {
             return;
         }
         let n = tokio::select! {
@@ -112,11 +116,7 @@ async fn pump(
             _ = watch.wait_for(|s| s.resets != resets) => return,
         };
         // Held while the link is black-holed; delivered on a resume.
-        if watch
-            .wait_for(|s| !s.holed || s.resets != resets)
-            .await
-            .map_or(true, |s| s.resets != resets)
-        {
+        if !passable(&mut watch, resets).await {
             return;
         }
         if to.write_all(&buf[..n]).await.is_err() {
