@@ -4,6 +4,7 @@
 //! Full run: `scripts/bench` (writes docs/BENCHMARKS.md, docs/benchmarks.json
 //! and SVG plots). CI runs `lease-bench --smoke` so it cannot rot.
 
+mod across;
 #[cfg(feature = "peers")]
 mod peers;
 mod proxy;
@@ -50,10 +51,19 @@ struct Opts {
     /// and caches are per backend).
     #[arg(long, hide = true)]
     child_json: Option<PathBuf>,
+    /// Internal: be one of the processes of the across-processes contention
+    /// run (a JSON `across::Spec`); writes its counts to --child-json.
+    #[arg(long, hide = true)]
+    contend_child: Option<String>,
     /// Leave out the many-held-leases section (minutes per backend, no
     /// latency figures). Without it, the section runs in the first run only.
     #[arg(long)]
     skip_many: bool,
+    /// Keep the other backends' results from the report already in --out
+    /// and replace only the backends run now (the report says which rows
+    /// come from which run).
+    #[arg(long)]
+    merge: bool,
     /// Run only the sessions section: N leases held by one `LeaseSession` per
     /// backend (writes SESSIONS.md and sessions.json; see scripts/bench-sessions).
     #[arg(long)]
@@ -109,10 +119,18 @@ pub fn stats(samples: &[Duration]) -> Stats {
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Contention {
+    /// Tasks in all, spread evenly over `processes`.
     pub tasks: usize,
+    /// Client processes the tasks run in (1: one process, one provider).
+    #[serde(default = "one")]
+    pub processes: usize,
     pub keys: usize,
     pub acquisitions_per_sec: f64,
     pub longest_wait_ms: f64,
+}
+
+fn one() -> usize {
+    1
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -157,6 +175,10 @@ pub struct BackendResult {
     pub handoff: Stats,
     pub peer_handoff: Option<Stats>,
     pub contention: Vec<Contention>,
+    /// The same contention over the raw floor, where it can run across
+    /// processes (`flock(2)` for SQLite).
+    #[serde(default)]
+    pub raw_contention: Vec<Contention>,
     pub many: Vec<Many>,
     /// Sections that failed, with the error; the rest of the run goes on.
     pub errors: Vec<String>,
@@ -370,7 +392,8 @@ async fn bench_backend(
     }
 
     progress.step(&format!("{name}: round trips on the wire"));
-    if store != Store::Memory {
+    // A file has no wire to count turns on.
+    if !matches!(store, Store::Memory | Store::Sqlite(_)) {
         r.round_trips = Some(round_trips(name, &ns, ttl, sizes.ops.min(200)).await?);
     }
 
@@ -440,6 +463,30 @@ async fn bench_backend(
             )
             .await?,
         );
+    }
+
+    if store == Store::Memory {
+        // The in-memory store lives in one process.
+        progress.step(&format!("{name}: (no contention across processes)"));
+    } else {
+        progress.step(&format!("{name}: contention, 64 tasks in 8 processes"));
+        r.contention.push(
+            across::contention(name, &ns, "contention-procs", 1, 8, ttl, sizes.contention).await?,
+        );
+        if matches!(store, Store::Sqlite(_)) {
+            r.raw_contention.push(
+                across::contention(
+                    "flock",
+                    &ns,
+                    "contention-procs",
+                    1,
+                    8,
+                    ttl,
+                    sizes.contention,
+                )
+                .await?,
+            );
+        }
     }
 
     for &n in &sizes.many {
@@ -537,13 +584,35 @@ async fn contention(
     run_for: Duration,
 ) -> LeaseResult<Contention> {
     let tasks = 64;
-    let deadline = Instant::now() + run_for;
+    let started = Instant::now();
+    let (count, longest_us) = contend(p, prefix, 0..tasks, keys, ttl, started + run_for).await;
+    Ok(Contention {
+        tasks,
+        processes: 1,
+        keys,
+        acquisitions_per_sec: count as f64
+            / started.elapsed().as_secs_f64().max(run_for.as_secs_f64()),
+        longest_wait_ms: longest_us as f64 / 1000.0,
+    })
+}
+
+/// Tasks numbered `tasks` each loop until `deadline`: wait for key
+/// `task % keys`, hold it, release it. Returns the acquisitions and the
+/// longest wait in microseconds.
+pub(crate) async fn contend(
+    p: &Arc<dyn LeaseProvider>,
+    prefix: &str,
+    tasks: std::ops::Range<usize>,
+    keys: usize,
+    ttl: Duration,
+    deadline: Instant,
+) -> (u64, u64) {
     let count = Arc::new(AtomicU64::new(0));
     let longest = Arc::new(AtomicU64::new(0));
     let mut handles = Vec::new();
-    for t in 0..tasks {
+    for t in tasks {
         let (p, count, longest) = (Arc::clone(p), Arc::clone(&count), Arc::clone(&longest));
-        let k = key(prefix, t % keys);
+        let k = key(prefix, t % keys.max(1));
         handles.push(tokio::spawn(async move {
             while Instant::now() < deadline {
                 let started = Instant::now();
@@ -564,17 +633,13 @@ async fn contention(
             }
         }));
     }
-    let started = Instant::now();
     for h in handles {
         let _ = h.await;
     }
-    Ok(Contention {
-        tasks,
-        keys,
-        acquisitions_per_sec: count.load(Ordering::Relaxed) as f64
-            / started.elapsed().as_secs_f64().max(run_for.as_secs_f64()),
-        longest_wait_ms: longest.load(Ordering::Relaxed) as f64 / 1000.0,
-    })
+    (
+        count.load(Ordering::Relaxed),
+        longest.load(Ordering::Relaxed),
+    )
 }
 
 pub(crate) fn proc_cpu_seconds() -> f64 {
@@ -786,6 +851,20 @@ async fn main() {
         run_sessions(&opts).await;
         return;
     }
+    if let (Some(spec), Some(json)) = (&opts.contend_child, &opts.child_json) {
+        let counted = match serde_json::from_str(spec) {
+            Ok(spec) => across::child(&spec).await,
+            Err(e) => Err(raw::err(e)),
+        };
+        match counted {
+            Ok(c) => write_child_json(json, &c),
+            Err(e) => {
+                eprintln!("lease-bench: contending process failed: {e}");
+                std::process::exit(1);
+            }
+        }
+        return;
+    }
     if let Some(json) = &opts.child_json {
         // One backend, once, in this fresh process.
         let Some(b) = opts.backends.first() else {
@@ -793,7 +872,7 @@ async fn main() {
         };
         let mut progress = Progress {
             done: 0,
-            total: 9 + sizes.many.len(),
+            total: 10 + sizes.many.len(),
         };
         let r = match bench_backend(b, &sizes, &mut progress).await {
             Ok(r) => r,
@@ -830,7 +909,18 @@ async fn main() {
         all.push(this_run);
     }
     let load_end = report::load();
-    let results = report::median_runs(&opts.backends, &all);
+    let mut backends = opts.backends.clone();
+    let mut kept = None;
+    if opts.merge {
+        match report::merge_previous(&opts.out, &mut backends, &mut all) {
+            Ok(k) => kept = Some(k),
+            Err(e) => {
+                eprintln!("lease-bench: cannot merge with the report in --out: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
+    let results = report::median_runs(&backends, &all);
     failures.extend(
         results
             .iter()
@@ -841,6 +931,7 @@ async fn main() {
         load_start,
         load_end,
         all: &all,
+        kept,
     };
     if let Err(e) = report::write(&opts.out, &results, opts.smoke, &failures, &meta) {
         eprintln!("lease-bench: cannot write the report: {e}");

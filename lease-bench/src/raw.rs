@@ -649,11 +649,15 @@ async fn zk_dir(client: &zk::Client, dir: &str) -> Result<()> {
 // ---------- SQLite: flock(2), the one-host floor ----------
 
 /// This process's directory for the SQLite benchmark database and the
-/// flock files (under the system temporary directory).
+/// flock files (under the system temporary directory), or its parent's when
+/// it is one of the across-processes contenders.
 pub fn sqlite_dir() -> std::path::PathBuf {
     static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("lease-bench-sqlite-{}", std::process::id()));
+        let dir = std::env::var_os(crate::across::DIR_ENV).map_or_else(
+            || std::env::temp_dir().join(format!("lease-bench-sqlite-{}", std::process::id())),
+            std::path::PathBuf::from,
+        );
         // A failure shows up as the store's own error on first use.
         let _ = std::fs::create_dir_all(&dir);
         dir

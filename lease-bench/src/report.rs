@@ -12,6 +12,54 @@ pub struct Meta<'a> {
     pub load_end: String,
     /// Every run's results (run, then backend).
     pub all: &'a [Vec<BackendResult>],
+    /// With `--merge`: the backends kept from the earlier report, and its date.
+    pub kept: Option<(Vec<String>, String)>,
+}
+
+/// The order backends appear in, whichever run they come from.
+const ORDER: [&str; 7] = [
+    "memory", "redis", "redlock", "postgres", "etcd", "zk", "sqlite",
+];
+
+/// Adds the earlier report's results (out/benchmarks.json) of every backend
+/// not run now, run by run, to `all` and `backends`. Returns the kept
+/// backends and the earlier report's date.
+pub fn merge_previous(
+    out: &Path,
+    backends: &mut Vec<String>,
+    all: &mut Vec<Vec<BackendResult>>,
+) -> std::io::Result<(Vec<String>, String)> {
+    let old: Vec<Vec<BackendResult>> =
+        serde_json::from_slice(&std::fs::read(out.join("benchmarks.json"))?)
+            .map_err(std::io::Error::other)?;
+    let date = std::fs::read_to_string(out.join("BENCHMARKS.md"))
+        .ok()
+        .and_then(|md| {
+            md.lines()
+                .find_map(|l| l.strip_prefix("- Date: ").map(str::to_owned))
+        })
+        .unwrap_or_else(|| "an unknown date".into());
+    let mut kept: Vec<String> = Vec::new();
+    for (i, old_run) in old.into_iter().enumerate() {
+        if all.len() <= i {
+            all.push(Vec::new());
+        }
+        for r in old_run {
+            if !backends.contains(&r.backend) {
+                if !kept.contains(&r.backend) {
+                    kept.push(r.backend.clone());
+                }
+                all[i].push(r);
+            }
+        }
+    }
+    backends.extend(kept.iter().cloned());
+    let rank = |b: &String| ORDER.iter().position(|o| o == b).unwrap_or(ORDER.len());
+    backends.sort_by_key(rank);
+    for run in all.iter_mut() {
+        run.sort_by_key(|r| rank(&r.backend));
+    }
+    Ok((kept, date))
 }
 
 /// The load averages (1, 5, 15 min) from /proc/loadavg.
@@ -160,8 +208,13 @@ pub fn write(
         out.join("benchmarks.json"),
         serde_json::to_string_pretty(&runs).map_err(std::io::Error::other)?,
     )?;
-    std::fs::write(out.join("bench-latency-cdf.svg"), cdf_svg(results))?;
-    std::fs::write(out.join("bench-handoff.svg"), handoff_svg(results))?;
+    // A merged report has no samples for the kept backends (benchmarks.json
+    // leaves them out): the plots stay those of the earlier run.
+    let replot = meta.kept.as_ref().is_none_or(|(kept, _)| kept.is_empty());
+    if replot {
+        std::fs::write(out.join("bench-latency-cdf.svg"), cdf_svg(results))?;
+        std::fs::write(out.join("bench-handoff.svg"), handoff_svg(results))?;
+    }
 
     let mut md = String::new();
     let _ = writeln!(md, "# Benchmarks\n");
@@ -184,6 +237,17 @@ pub fn write(
         meta.load_start,
         meta.load_end
     );
+    if let Some((kept, date)) = &meta.kept
+        && !kept.is_empty()
+    {
+        let _ = writeln!(
+            md,
+            "- Merged report: the rows of {} come from the earlier run of {date} (its load and run count); \
+             the other rows were measured on the date above. Numbers of the two runs compare only roughly, \
+             and the plots are the earlier run's.\n",
+            kept.join(", ")
+        );
+    }
     let _ = writeln!(
         md,
         "![acquire latency CDF](bench-latency-cdf.svg)\n\n![handoff](bench-handoff.svg)\n"
@@ -318,19 +382,34 @@ pub fn write(
     let _ = writeln!(md, "\n## 5. Contention: 64 tasks\n");
     let _ = writeln!(
         md,
-        "| backend | keys | acquisitions/s | longest wait (ms) |"
+        "Each task loops: wait for its key, release it at once. In one process the tasks share one provider; \
+         across processes, 8 copies of the benchmark run 8 tasks each on their own providers, the way workers or cron \
+         jobs on one host do. The flock(2) row is the one-host floor: the same loop over an exclusive `flock` on one \
+         lock file, what `flock(1)` runs, with no TTL, token or lost signal.\n"
     );
-    let _ = writeln!(md, "| --- | --- | --- | --- |");
+    let _ = writeln!(
+        md,
+        "| backend | processes x tasks | keys | acquisitions/s | longest wait (ms) |"
+    );
+    let _ = writeln!(md, "| --- | --- | --- | --- | --- |");
     for r in results {
-        for c in &r.contention {
+        let rows = r.contention.iter().map(|c| (r.backend.clone(), c)).chain(
+            r.raw_contention
+                .iter()
+                .map(|c| (format!("{} floor: flock(2)", r.backend), c)),
+        );
+        for (name, c) in rows {
             let _ = writeln!(
                 md,
-                "| {} | {} | {:.0} | {:.1} |",
-                r.backend, c.keys, c.acquisitions_per_sec, c.longest_wait_ms
+                "| {name} | {} x {} | {} | {:.0} | {:.1} |",
+                c.processes,
+                c.tasks / c.processes.max(1),
+                c.keys,
+                c.acquisitions_per_sec,
+                c.longest_wait_ms
             );
         }
     }
-
     let _ = writeln!(md, "\n## 6. Many held leases, renewed by guards\n");
     let _ = writeln!(
         md,

@@ -500,6 +500,16 @@ impl LeaseProvider for SqliteProvider {
 
     async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
         let ttl = self.inner.caps.grant_ttl(ttl)?;
+        // A key that is held is answered by a read, which runs beside other
+        // processes' writes (WAL): a herd of waiters woken by one release
+        // does not queue for the write lock only to find the key taken. A
+        // stale read can only say "held", and the caller's watch, set up
+        // before this call, sees the release that made it stale.
+        if let Some(info) = self.inspect(key).await? {
+            return Ok(TryAcquire::Held {
+                remaining: Some(info.remaining),
+            });
+        }
         let key = key.clone();
         let sent_at = Instant::now();
         self.write(move |this| async move {
