@@ -128,6 +128,52 @@ pub struct Capabilities {
     /// key can stay held for up to another TTL plus the election timeout.
     /// `None`: a failover does not lengthen leases (or the store has none).
     pub failover_extension: Option<FailoverExtension>,
+    /// What a failover of a replicated store does to leases and tokens: a
+    /// leader or primary lost and another taking over. `None`: the provider
+    /// talks to one server, where a failover is a restart
+    /// ([`durable_tokens`](Self::durable_tokens) covers it).
+    pub failover: Option<Failover>,
+}
+
+/// What survives a failover of a replicated store (see
+/// [`Capabilities::failover`]). The failover tests of each topology assert it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Failover {
+    /// Whether every token handed out after a failover is greater than every
+    /// token handed out before it.
+    pub tokens: FailoverTokens,
+    /// Whether a lease held when the failover starts is still held by its
+    /// holder afterwards (renewals resume against the new leader), rather
+    /// than lost, when its TTL is longer than [`recovery`](Self::recovery).
+    pub lease_survives: bool,
+    /// How long after the leader or primary is lost the provider serves
+    /// again, by itself, on the same provider object: a waiter gets a key
+    /// released after the failover within this bound of the loss.
+    pub recovery: Duration,
+}
+
+/// Whether tokens keep growing across a failover.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FailoverTokens {
+    /// Tokens issued after a failover exceed every earlier one; the text says
+    /// why (for example: the counter is committed on a majority before the
+    /// token is returned).
+    Increasing(String),
+    /// A failover may hand out a token again; the text says when.
+    MayRepeat(String),
+}
+
+impl Failover {
+    /// A declaration: `tokens`, whether leases survive, and the recovery bound.
+    pub fn new(tokens: FailoverTokens, lease_survives: bool, recovery: Duration) -> Self {
+        Failover {
+            tokens,
+            lease_survives,
+            recovery,
+        }
+    }
 }
 
 /// How far a store failover can push a lease's expiry past its TTL (see
@@ -179,6 +225,7 @@ impl Capabilities {
             expiry_clock,
             holder_session: None,
             failover_extension: None,
+            failover: None,
         }
     }
 
@@ -218,6 +265,12 @@ impl Capabilities {
     /// [`failover_extension`](Self::failover_extension)).
     pub fn with_failover_extension(mut self, extension: Option<FailoverExtension>) -> Self {
         self.failover_extension = extension;
+        self
+    }
+
+    /// Declares what survives a failover (see [`failover`](Self::failover)).
+    pub fn with_failover(mut self, failover: Option<Failover>) -> Self {
+        self.failover = failover;
         self
     }
 
@@ -300,6 +353,7 @@ mod tests {
             expiry_clock: ExpiryClock::ProcessMonotonic,
             holder_session: None,
             failover_extension: None,
+            failover: None,
         }
     }
 

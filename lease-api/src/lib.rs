@@ -117,7 +117,8 @@ mod session;
 mod time;
 
 pub use caps::{
-    Capabilities, DEFAULT_MAX_TTL, ExpiryClock, FailoverExtension, Notifications, TokenDurability,
+    Capabilities, DEFAULT_MAX_TTL, ExpiryClock, Failover, FailoverExtension, FailoverTokens,
+    Notifications, TokenDurability,
 };
 pub use error::{BoxError, LeaseError, Result};
 pub use fence::{FenceGate, StaleToken};

@@ -30,6 +30,7 @@
 #![warn(missing_docs)]
 
 mod cases;
+pub mod failover;
 mod fault;
 mod memory;
 

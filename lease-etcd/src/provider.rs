@@ -10,9 +10,10 @@ use etcd_client::{
     TxnOpResponse, TxnResponse, WatchStream,
 };
 use lease_api::{
-    Capabilities, DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, ExpiryClock, FailoverExtension, FencingToken,
-    KeyWatch, Lease, LeaseError, LeaseHandle, LeaseInfo, LeaseKey, LeaseProvider, Notifications,
-    OwnerId, Result, SessionStore, TokenDurability, TryAcquire, validate_namespace,
+    Capabilities, DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, ExpiryClock, Failover, FailoverExtension,
+    FailoverTokens, FencingToken, KeyWatch, Lease, LeaseError, LeaseHandle, LeaseInfo, LeaseKey,
+    LeaseProvider, Notifications, OwnerId, Result, SessionStore, TokenDurability, TryAcquire,
+    validate_namespace,
 };
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
@@ -198,7 +199,20 @@ impl EtcdProvider {
         // A new leader restarts every lease at its full TTL once elected
         // (etcd's lessor promotion), so a failover can hold a crashed
         // holder's key for another TTL plus the election timeout.
-        .with_failover_extension(Some(FailoverExtension::new(1, ELECTION_TIMEOUT_BOUND)));
+        .with_failover_extension(Some(FailoverExtension::new(1, ELECTION_TIMEOUT_BOUND)))
+        // A token is the key's create revision, returned only once raft has
+        // committed the write on a majority: a new leader has it in its log.
+        // The etcd lease is replicated state too, and keep-alives resume at
+        // the new leader. Serving again takes an election plus one failed
+        // request (connect and request timeouts) before the client moves to
+        // another endpoint.
+        .with_failover(Some(Failover::new(
+            FailoverTokens::Increasing(
+                "create revisions are committed on a majority before they are returned".into(),
+            ),
+            true,
+            ELECTION_TIMEOUT_BOUND + config.connect_timeout + config.request_timeout,
+        )));
         Ok(EtcdProvider {
             inner: Arc::new(Inner {
                 prefix: format!("lease/{}/", encode_namespace(&config.namespace)),

@@ -11,6 +11,8 @@
 //! assert!(port > 0);
 //! ```
 
+pub mod cluster;
+
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -96,6 +98,24 @@ impl OwnedProcess {
         port: u16,
         dir: TempDir,
     ) -> Self {
+        let mut p = Self::spawn(name, program, args, port, dir);
+        p.wait_listening(Duration::from_secs(60));
+        p
+    }
+
+    /// Starts `program args...` without waiting for it to listen: for members
+    /// of a cluster, which listen only once their peers are up. Wait with
+    /// [`wait_listening`](Self::wait_listening).
+    ///
+    /// # Panics
+    /// If the program cannot be started.
+    pub fn spawn(
+        name: &str,
+        program: impl Into<PathBuf>,
+        args: Vec<String>,
+        port: u16,
+        dir: TempDir,
+    ) -> Self {
         let log = dir.path().join(format!("{name}.log"));
         let mut p = OwnedProcess {
             name: name.into(),
@@ -108,8 +128,18 @@ impl OwnedProcess {
             stop_signal: "TERM",
             dir,
         };
-        p.start_again();
+        p.launch();
         p
+    }
+
+    /// Its name (as given to [`start`](Self::start)).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// True while it runs (started and not stopped or killed; a frozen one runs).
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
     }
 
     fn configured(mut self, run_as: Option<(u32, u32)>, stop_signal: &'static str) -> Self {
@@ -133,6 +163,13 @@ impl OwnedProcess {
     /// # Panics
     /// As [`start`](Self::start).
     pub fn start_again(&mut self) {
+        self.launch();
+        self.wait_listening(Duration::from_secs(60));
+    }
+
+    /// Spawns the program (through [`spawn_lasting`], so it dies with the
+    /// test process) without waiting.
+    fn launch(&mut self) {
         assert!(self.child.is_none(), "{} is already running", self.name);
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -144,22 +181,24 @@ impl OwnedProcess {
         if let Some((uid, gid)) = self.run_as {
             cmd.uid(uid).gid(gid);
         }
-        let child = cmd
-            .stdin(Stdio::null())
+        cmd.stdin(Stdio::null())
             .stdout(log.try_clone().expect("log handle"))
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot start {} ({:?}): {e}; {HOW_TO_START}",
-                    self.name, self.program
-                )
-            });
+            .stderr(log);
+        let child = spawn_lasting(cmd).unwrap_or_else(|e| {
+            panic!(
+                "cannot start {} ({:?}): {e}; {HOW_TO_START}",
+                self.name, self.program
+            )
+        });
         self.child = Some(child);
-        self.wait_listening(Duration::from_secs(60));
     }
 
-    fn wait_listening(&mut self, limit: Duration) {
+    /// Waits until its port accepts connections.
+    ///
+    /// # Panics
+    /// When it exits meanwhile or does not listen within `limit`; the
+    /// message shows the end of its log.
+    pub fn wait_listening(&mut self, limit: Duration) {
         let deadline = Instant::now() + limit;
         loop {
             if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
@@ -246,6 +285,53 @@ impl Drop for OwnedProcess {
             self.signal("KILL");
         }
     }
+}
+
+/// Spawns `cmd` so that the child dies with this process, also when a test
+/// binary is killed or leaves a store in a `static`: the child gets SIGKILL
+/// when its parent thread ends (`PR_SET_PDEATHSIG`), and the parent thread is
+/// one that lives as long as the process, not the test's own thread (which
+/// ends with the test while a shared cluster must stay up).
+///
+/// # Errors
+/// When the program cannot be started.
+pub fn spawn_lasting(mut cmd: Command) -> std::io::Result<Child> {
+    type Job = (Command, std::sync::mpsc::Sender<std::io::Result<Child>>);
+    static SPAWNER: std::sync::OnceLock<std::sync::Mutex<std::sync::mpsc::Sender<Job>>> =
+        std::sync::OnceLock::new();
+    // SAFETY: the closure runs in the forked child before exec and calls only
+    // prctl(2) and getppid(2), which are async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                .map_err(std::io::Error::from)?;
+            // The parent may have ended before prctl: do not outlive it.
+            if nix::unistd::getppid() == nix::unistd::Pid::from_raw(1) {
+                return Err(std::io::Error::other("the test process is gone"));
+            }
+            Ok(())
+        });
+    }
+    let spawner = SPAWNER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("lease-testkit-spawner".into())
+            .spawn(move || {
+                for (mut cmd, answer) in rx {
+                    let _ = answer.send(cmd.spawn());
+                }
+            })
+            .expect("start the spawner thread");
+        std::sync::Mutex::new(tx)
+    });
+    let (tx, rx) = std::sync::mpsc::channel();
+    spawner
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .send((cmd, tx))
+        .map_err(|_| std::io::Error::other("the spawner thread is gone"))?;
+    rx.recv()
+        .map_err(|_| std::io::Error::other("the spawner thread is gone"))?
 }
 
 /// A private `redis-server` on a free port. `durable` turns on AOF with
@@ -677,7 +763,7 @@ fn etcd_process(tls: Option<&TestCa>) -> OwnedProcess {
 }
 
 /// `zkServer.sh`, from `LEASE_TEST_ZK_SERVER` or Debian's location.
-fn zk_server() -> PathBuf {
+pub(crate) fn zk_server() -> PathBuf {
     match std::env::var("LEASE_TEST_ZK_SERVER") {
         Ok(p) if !p.is_empty() => PathBuf::from(p),
         _ => PathBuf::from("/usr/share/zookeeper/bin/zkServer.sh"),
