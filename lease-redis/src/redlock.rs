@@ -9,9 +9,9 @@ use futures_util::future::join_all;
 use futures_util::stream::FuturesUnordered;
 use lease_api::backend::bounded;
 use lease_api::{
-    Capabilities, DEFAULT_NAMESPACE, ExpiryClock, FencingToken, KeyWatch, Lease, LeaseError,
-    LeaseInfo, LeaseKey, LeaseProvider, OwnerId, Result, TokenDurability, TryAcquire,
-    validate_namespace,
+    Capabilities, DEFAULT_NAMESPACE, ExpiryClock, Failover, FailoverTokens, FencingToken, KeyWatch,
+    Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider, OwnerId, Result, TokenDurability,
+    TryAcquire, validate_namespace,
 };
 use redis::Value;
 use tokio::time::Instant;
@@ -221,7 +221,21 @@ impl RedlockProvider {
             // A lease must outlive a round plus the drift margin; per-node
             // timeouts are a tenth of the TTL but at least MIN_NODE_TIMEOUT,
             // so below ten of those a single slow node eats the validity.
-            .with_ttl_limits(MIN_NODE_TIMEOUT * 10, max_ttl);
+            .with_ttl_limits(MIN_NODE_TIMEOUT * 10, max_ttl)
+            // Redlock has no leader: its failover is the loss of a minority
+            // of nodes. Every majority shares a node with the majority that
+            // raised the last token, and a token is the highest counter of
+            // the winning majority plus one, so tokens keep growing while
+            // the lost nodes stay down (or come back with their counters).
+            // A held lease keeps its majority; a call to a dead node fails
+            // within the connect or response timeout.
+            .with_failover(Some(Failover::new(
+                FailoverTokens::Increasing(
+                    "every majority shares a node with the one that raised the last token".into(),
+                ),
+                true,
+                config.connect_timeout + config.response_timeout,
+            )));
         Ok(RedlockProvider {
             inner: Arc::new(Inner {
                 allow_eviction: config.allow_eviction,

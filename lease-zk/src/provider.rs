@@ -7,9 +7,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lease_api::backend::{bounded, drift_margin};
 use lease_api::{
-    Capabilities, DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, ExpiryClock, FencingToken, KeyWatch, Lease,
-    LeaseError, LeaseHandle, LeaseInfo, LeaseKey, LeaseProvider, Notifications, OwnerId, Result,
-    SessionStore, TokenDurability, TryAcquire, validate_namespace,
+    Capabilities, DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, ExpiryClock, Failover, FailoverTokens,
+    FencingToken, KeyWatch, Lease, LeaseError, LeaseHandle, LeaseInfo, LeaseKey, LeaseProvider,
+    Notifications, OwnerId, Result, SessionStore, TokenDurability, TryAcquire, validate_namespace,
 };
 use tokio::time::Instant;
 use zookeeper_client::{
@@ -236,6 +236,22 @@ fn multi_err(e: MultiWriteError) -> ZkError {
     e.into()
 }
 
+/// What an ensemble's failover does, for a session timeout of `session`: a
+/// czxid carries the leader epoch in its high bits and is returned only after
+/// a quorum logged the write, so tokens keep growing; the holder node is
+/// ephemeral and the session moves to another server, so the lease survives
+/// when a new leader is elected within the session timeout. Serving again
+/// takes at most that timeout plus one failed request.
+fn failover(c: &ZkConfig, session: Duration) -> Failover {
+    Failover::new(
+        FailoverTokens::Increasing(
+            "czxids carry the leader epoch and are returned after a quorum logged the write".into(),
+        ),
+        true,
+        session + c.connect_timeout + c.request_timeout,
+    )
+}
+
 impl ZkProvider {
     /// Sets up a provider; the session is opened on first use.
     ///
@@ -269,7 +285,8 @@ impl ZkProvider {
         .with_durable_tokens(TokenDurability::Durable(
             "tokens are czxids: global transaction ids that include the leader epoch, persisted by every quorum write".into(),
         ))
-        .with_holder_session(Some(config.session_timeout));
+        .with_holder_session(Some(config.session_timeout))
+        .with_failover(Some(failover(&config, config.session_timeout)));
         Ok(ZkProvider {
             inner: Arc::new(Inner {
                 ns_path: format!("/lease/{}", segment(&config.namespace)),
@@ -437,7 +454,8 @@ impl ZkProvider {
             self.inner
                 .asked_caps
                 .clone()
-                .with_holder_session(Some(granted)),
+                .with_holder_session(Some(granted))
+                .with_failover(Some(failover(c, granted))),
         );
         // A new session may be served by another server: take a new clock sample.
         *self.inner.clock.lock().await = None;
