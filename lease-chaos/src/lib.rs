@@ -49,5 +49,8 @@ pub mod sink;
 pub mod worker;
 
 pub use checker::{Counts, check};
-pub use run::{ChaosOptions, FaultKind, Report, RunArgs, run, run_and_print, self_worker_command};
+pub use run::{
+    ChaosOptions, FaultKind, Members, Report, RunArgs, run, run_and_print, run_with_members,
+    self_worker_command,
+};
 pub use worker::{WorkerArgs, run_worker};

@@ -55,6 +55,48 @@ pub enum FaultKind {
     /// restarted without persistence does, while a holder holds (on three or
     /// more nodes with another node cut first, as for clock-jump).
     NodeWipe,
+    /// A replicated store ([`run_with_members`]): `kill -9` the leader (for
+    /// Redlock, a node) while a holder holds, and restart it on its own data
+    /// two TTLs later.
+    LeaderKill,
+    /// A replicated store ([`run_with_members`]): SIGSTOP the leader for two
+    /// TTLs while a holder holds, then SIGCONT: the others elect a new
+    /// leader, and the old one wakes up thinking it still leads.
+    LeaderPause,
+}
+
+/// The members of a replicated store, for the nemesis's leader faults. The
+/// calls block (they signal processes and ask the store who leads); the
+/// run makes them off its runtime.
+pub trait Members: Send {
+    /// The member that leads now; for a store without a leader (Redlock),
+    /// any member that runs.
+    fn leader(&mut self) -> Option<usize>;
+    /// `kill -9` of a member.
+    fn kill(&mut self, member: usize);
+    /// Starts a killed member again on its own data, and waits until the
+    /// store is whole again.
+    fn restart(&mut self, member: usize);
+    /// SIGSTOP of a member.
+    fn freeze(&mut self, member: usize);
+    /// SIGCONT of a frozen member.
+    fn thaw(&mut self, member: usize);
+}
+
+type SharedMembers = Arc<std::sync::Mutex<Box<dyn Members>>>;
+
+/// Runs `f` on the members, off the runtime.
+async fn on_members<T: Send + 'static>(
+    members: &SharedMembers,
+    f: impl FnOnce(&mut dyn Members) -> T + Send + 'static,
+) -> Result<T, String> {
+    let m = Arc::clone(members);
+    tokio::task::spawn_blocking(move || {
+        let mut guard = m.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        f(guard.as_mut())
+    })
+    .await
+    .map_err(|e| format!("a member fault failed: {e}"))
 }
 
 impl FaultKind {
@@ -69,6 +111,8 @@ impl FaultKind {
             FaultKind::Minority => "minority",
             FaultKind::ClockJump => "clock-jump",
             FaultKind::NodeWipe => "node-wipe",
+            FaultKind::LeaderKill => "leader-kill",
+            FaultKind::LeaderPause => "leader-pause",
         }
     }
 }
@@ -441,6 +485,32 @@ pub async fn run_and_print(args: RunArgs) -> Result<u8, String> {
 /// PID for store-pause), a store that cannot be reached, or a worker that
 /// cannot be started.
 pub async fn run(args: RunArgs, worker_cmd: Vec<OsString>) -> Result<Report, String> {
+    run_inner(args, worker_cmd, None).await
+}
+
+/// Like [`run`], on a replicated store whose `members` the leader faults
+/// (`leader-kill`, `leader-pause`) act on.
+///
+/// # Errors
+/// As [`run`].
+pub async fn run_with_members(
+    args: RunArgs,
+    worker_cmd: Vec<OsString>,
+    members: Box<dyn Members>,
+) -> Result<Report, String> {
+    run_inner(
+        args,
+        worker_cmd,
+        Some(Arc::new(std::sync::Mutex::new(members))),
+    )
+    .await
+}
+
+async fn run_inner(
+    args: RunArgs,
+    worker_cmd: Vec<OsString>,
+    members: Option<SharedMembers>,
+) -> Result<Report, String> {
     let RunArgs {
         store,
         namespace,
@@ -479,6 +549,12 @@ pub async fn run(args: RunArgs, worker_cmd: Vec<OsString>) -> Result<Report, Str
             {
                 return Err(format!(
                     "{} acts on Redis nodes directly: it needs a redis:// or redlock:// store",
+                    f.name()
+                ));
+            }
+            FaultKind::LeaderKill | FaultKind::LeaderPause if members.is_none() => {
+                return Err(format!(
+                    "{} needs a replicated store whose members the run controls (lease_chaos::run_with_members)",
                     f.name()
                 ));
             }
@@ -663,6 +739,38 @@ pub async fn run(args: RunArgs, worker_cmd: Vec<OsString>) -> Result<Report, Str
                     start: begin,
                     end,
                     note,
+                }
+            }
+            FaultKind::LeaderKill | FaultKind::LeaderPause => {
+                let Some(members) = &members else {
+                    continue;
+                };
+                // While somebody holds: the fault lands mid-lease.
+                if pick_holder(&sink, ttl * 2).await.is_none() {
+                    continue;
+                }
+                let Some(leader) = on_members(members, |m| m.leader()).await? else {
+                    continue;
+                };
+                let begin = mono_ns();
+                if kind == FaultKind::LeaderKill {
+                    on_members(members, move |m| m.kill(leader)).await?;
+                } else {
+                    on_members(members, move |m| m.freeze(leader)).await?;
+                }
+                tokio::time::sleep(ttl * 2 + jitter).await;
+                let end = mono_ns();
+                if kind == FaultKind::LeaderKill {
+                    on_members(members, move |m| m.restart(leader)).await?;
+                } else {
+                    on_members(members, move |m| m.thaw(leader)).await?;
+                }
+                Fault {
+                    kind: kind.name().into(),
+                    victim: None,
+                    start: begin,
+                    end,
+                    note: format!("member {leader}"),
                 }
             }
             FaultKind::StorePause => {

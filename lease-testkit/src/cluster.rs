@@ -23,6 +23,10 @@ pub trait Topology: Send + Sync {
     fn leader(&self) -> Option<usize>;
     /// True when the running members serve as a whole (a quorum, a leader).
     fn healthy(&self) -> bool;
+    /// False for a store without a leader (Redlock's independent nodes).
+    fn has_leader(&self) -> bool {
+        true
+    }
 
     /// Waits until [`healthy`](Self::healthy).
     ///
@@ -329,6 +333,9 @@ impl Topology for RedisNodes {
     }
     fn leader(&self) -> Option<usize> {
         None
+    }
+    fn has_leader(&self) -> bool {
+        false
     }
     fn healthy(&self) -> bool {
         let up = self.members.iter().filter(|m| m.is_running()).count();

@@ -1,0 +1,152 @@
+//! Chaos on replicated stores: a 3-member etcd cluster, a 3-server
+//! ZooKeeper ensemble and 5 Redlock nodes, each started for its cell. The
+//! nemesis kills and freezes the leader (for Redlock, a node) while a holder
+//! holds, besides pausing, crashing and cutting off workers; the checker
+//! judges the history against what each backend declares.
+//!
+//! The cells run one at a time (8 worker processes each on a 2-core machine).
+
+use std::time::Duration;
+
+use clap::Parser;
+use lease_chaos::{Members, Report, RunArgs, run_with_members};
+use lease_testkit::TempDir;
+use lease_testkit::cluster::{EtcdCluster, RedisNodes, Topology, ZkEnsemble};
+
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+/// A testkit topology as the nemesis's members.
+struct Cluster<T: Topology>(T);
+
+impl<T: Topology + 'static> Members for Cluster<T> {
+    fn leader(&mut self) -> Option<usize> {
+        // Right after an earlier fault the store may still be electing.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(l) = self.0.leader() {
+                return Some(l);
+            }
+            if !self.0.has_leader() || std::time::Instant::now() >= deadline {
+                // Redlock has no leader: any running node.
+                return self.0.members().iter().position(|m| m.is_running());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    fn kill(&mut self, member: usize) {
+        self.0.members_mut()[member].kill();
+    }
+    fn restart(&mut self, member: usize) {
+        self.0.members_mut()[member].start_again();
+        self.0.wait_healthy(Duration::from_secs(60));
+    }
+    fn freeze(&mut self, member: usize) {
+        self.0.members()[member].freeze();
+    }
+    fn thaw(&mut self, member: usize) {
+        self.0.members()[member].thaw();
+    }
+}
+
+async fn cell<T: Topology + 'static>(
+    start: impl FnOnce() -> T + Send + 'static,
+    url: impl FnOnce(&T) -> String,
+) -> Report {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let topology = tokio::task::spawn_blocking(start).await.unwrap();
+    let store = url(&topology);
+    let dir = TempDir::new("chaos-replicated");
+    let args = Cli::parse_from([
+        "chaos",
+        "--store",
+        &store,
+        "--faults",
+        "leader-kill,leader-pause,pause,crash,partition",
+        "--fault-every",
+        "1s",
+        "--duration",
+        "40s",
+        "--ttl",
+        "2s",
+        "--dir",
+        dir.path().to_str().expect("utf-8 temp dir"),
+    ])
+    .run;
+    let worker = vec![
+        env!("CARGO_BIN_EXE_lease-chaos").into(),
+        "chaos-worker".into(),
+    ];
+    let report = run_with_members(args, worker, Box::new(Cluster(topology)))
+        .await
+        .expect("the run starts");
+    println!("{}", report.text());
+    report
+}
+
+/// The verdict, that the leader faults happened, and that the run did enough
+/// work to mean something.
+fn holds(r: &Report) {
+    assert!(r.passed(), "{}", r.text());
+    for kind in ["leader-kill", "leader-pause"] {
+        assert!(
+            r.injected.get(kind).copied().unwrap_or(0) >= 1,
+            "no {kind} injected: {}",
+            r.text()
+        );
+    }
+    assert!(
+        r.counts.grants >= 30,
+        "too few grants to judge: {}",
+        r.text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_cluster_holds_when_its_leader_is_killed_or_frozen() {
+    let r = cell(
+        || EtcdCluster::start(3),
+        |c| {
+            let hosts: Vec<String> = c
+                .endpoints()
+                .iter()
+                .map(|e| e.trim_start_matches("http://").to_owned())
+                .collect();
+            format!("etcd://{}", hosts.join(","))
+        },
+    )
+    .await;
+    holds(&r);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_ensemble_holds_when_its_leader_is_killed_or_frozen() {
+    let r = cell(
+        || ZkEnsemble::start(3),
+        |e| format!("zk://{}", e.connect_string()),
+    )
+    .await;
+    holds(&r);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_of_five_holds_when_a_node_is_killed_or_frozen() {
+    let r = cell(
+        || RedisNodes::start(5),
+        |n| {
+            let hosts: Vec<String> = n
+                .urls()
+                .iter()
+                .map(|u| u.trim_start_matches("redis://").to_owned())
+                .collect();
+            format!("redlock://{}", hosts.join(","))
+        },
+    )
+    .await;
+    holds(&r);
+}
