@@ -874,7 +874,13 @@ async fn main() {
             done: 0,
             total: 10 + sizes.many.len(),
         };
-        let r = match bench_backend(b, &sizes, &mut progress).await {
+        let r = bench_backend(b, &sizes, &mut progress).await;
+        // This process's SQLite database and lock files (its contenders,
+        // children of its own, are done).
+        if std::env::var_os(across::DIR_ENV).is_none() {
+            let _ = std::fs::remove_dir_all(raw::sqlite_dir());
+        }
+        let r = match r {
             Ok(r) => r,
             Err(e) => {
                 eprintln!("\nlease-bench: {b} failed: {e}");

@@ -10,7 +10,38 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::{OwnedProcess, TempDir, free_port, owned_redis};
+use crate::{OwnedProcess, TempDir, free_port};
+
+/// This process's directory for member data: `lease-cluster-<pid>` in the
+/// temporary directory. A suite keeps its cluster in a `static`, which is
+/// never dropped, so the first call also removes the directories of
+/// processes that are gone.
+fn member_dir(prefix: &str) -> TempDir {
+    static ROOT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    let root = ROOT.get_or_init(|| {
+        let tmp = std::env::temp_dir();
+        if let Ok(entries) = std::fs::read_dir(&tmp) {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let Some(pid) = name
+                    .strip_prefix("lease-cluster-")
+                    .and_then(|p| p.parse::<i32>().ok())
+                else {
+                    continue;
+                };
+                let gone = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
+                    == Err(nix::errno::Errno::ESRCH);
+                if gone {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+        let root = tmp.join(format!("lease-cluster-{}", std::process::id()));
+        std::fs::create_dir_all(&root).expect("create the cluster data directory");
+        root
+    });
+    TempDir::new_in(root, prefix)
+}
 
 /// What every topology offers the tests.
 pub trait Topology: Send + Sync {
@@ -102,7 +133,7 @@ impl EtcdCluster {
             .iter()
             .enumerate()
             .map(|(i, (client, peer))| {
-                let dir = TempDir::new("lease-etcd-member");
+                let dir = member_dir("etcd-member");
                 let client_url = format!("http://127.0.0.1:{client}");
                 let peer_url = format!("http://127.0.0.1:{peer}");
                 let args = [
@@ -220,7 +251,7 @@ impl ZkEnsemble {
             .iter()
             .enumerate()
             .map(|(i, (client, _, _))| {
-                let dir = TempDir::new("lease-zk-member");
+                let dir = member_dir("zk-member");
                 let data = dir.path().join("data");
                 std::fs::create_dir_all(&data).expect("create the ZooKeeper data directory");
                 std::fs::write(data.join("myid"), format!("{}\n", i + 1)).expect("write myid");
@@ -311,7 +342,9 @@ impl RedisNodes {
     /// When a node cannot start.
     pub fn start(n: usize) -> Self {
         RedisNodes {
-            members: (0..n).map(|_| owned_redis(true)).collect(),
+            members: (0..n)
+                .map(|_| crate::redis_in(member_dir("redis-node"), true, &[]))
+                .collect(),
         }
     }
 

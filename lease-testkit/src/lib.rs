@@ -61,6 +61,19 @@ impl TempDir {
         )
     }
 
+    /// Creates one inside `parent`, its name starting with `prefix`.
+    ///
+    /// # Panics
+    /// If the directory cannot be created.
+    pub fn new_in(parent: &Path, prefix: &str) -> Self {
+        TempDir(
+            tempfile::Builder::new()
+                .prefix(&format!("{prefix}-"))
+                .tempdir_in(parent)
+                .expect("create temp dir"),
+        )
+    }
+
     /// Its path.
     pub fn path(&self) -> &Path {
         self.0.path()
@@ -343,8 +356,12 @@ pub fn owned_redis(durable: bool) -> OwnedProcess {
 /// Like [`owned_redis`], with extra `redis-server` arguments (for example
 /// `["--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lru"]`).
 pub fn owned_redis_with(durable: bool, extra: &[&str]) -> OwnedProcess {
+    redis_in(TempDir::new("lease-redis"), durable, extra)
+}
+
+/// A `redis-server` on a free port with its data in `dir`.
+pub(crate) fn redis_in(dir: TempDir, durable: bool, extra: &[&str]) -> OwnedProcess {
     let port = free_port();
-    let dir = TempDir::new("lease-redis");
     let mut args: Vec<String> = [
         "--port",
         &port.to_string(),
