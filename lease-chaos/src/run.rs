@@ -668,6 +668,7 @@ async fn run_inner(
     let mut faults: Vec<Fault> = Vec::new();
     let mut injected: BTreeMap<String, u64> = BTreeMap::new();
     let mut respawned = 0u64;
+    let mut member_failures: Vec<String> = Vec::new();
     let mut cycle: Vec<FaultKind> = Vec::new();
     while !over(&sink) {
         let gap = if args.faults.is_empty() {
@@ -753,17 +754,30 @@ async fn run_inner(
                     continue;
                 };
                 let begin = mono_ns();
-                if kind == FaultKind::LeaderKill {
-                    on_members(members, move |m| m.kill(leader)).await?;
+                let hit = if kind == FaultKind::LeaderKill {
+                    on_members(members, move |m| m.kill(leader)).await
                 } else {
-                    on_members(members, move |m| m.freeze(leader)).await?;
-                }
+                    on_members(members, move |m| m.freeze(leader)).await
+                };
                 tokio::time::sleep(ttl * 2 + jitter).await;
-                let end = mono_ns();
-                if kind == FaultKind::LeaderKill {
-                    on_members(members, move |m| m.restart(leader)).await?;
+                // Recovery from a killed leader counts from the kill, as
+                // for a crashed worker; from a frozen one, from the thaw.
+                let end = if kind == FaultKind::LeaderKill {
+                    begin
                 } else {
-                    on_members(members, move |m| m.thaw(leader)).await?;
+                    mono_ns()
+                };
+                let healed = if kind == FaultKind::LeaderKill {
+                    on_members(members, move |m| m.restart(leader)).await
+                } else {
+                    on_members(members, move |m| m.thaw(leader)).await
+                };
+                // A member that cannot be hit or brought back ends in the
+                // report, not in an aborted run.
+                for r in [hit, healed] {
+                    if let Err(e) = r {
+                        member_failures.push(format!("{} of member {leader}: {e}", kind.name()));
+                    }
                 }
                 Fault {
                     kind: kind.name().into(),
@@ -912,6 +926,11 @@ async fn run_inner(
     }
     let (violations, declared) = judge(&counts, &caps, &injected, !args.unfenced);
     let mut violations = violations;
+    violations.extend(
+        member_failures
+            .into_iter()
+            .map(|f| format!("the nemesis failed: {f}")),
+    );
     for f in &args.faults {
         if !injected.contains_key(f.name()) {
             violations.push(format!(

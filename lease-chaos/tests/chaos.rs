@@ -151,8 +151,9 @@ async fn a_clock_jump_on_a_redlock_node_breaks_exclusion_but_not_the_fence() {
 
 /// A Redlock node that comes back without its data (a restart without
 /// persistence) while a holder holds: tokens go back, as the capabilities
-/// declare (Volatile), and the fence refuses the regressed holders instead of
-/// admitting a stale write.
+/// declare (Volatile). The fence then refuses the regressed holders' writes,
+/// and may admit a late write of the holder with the higher, pre-wipe token:
+/// both are what `Volatile` declares, and the report must say so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redlock_node_losing_its_counters_regresses_tokens_as_declared() {
     let r = cell(
@@ -173,7 +174,11 @@ async fn a_redlock_node_losing_its_counters_regresses_tokens_as_declared() {
         "no regression after nodes lost their counters: {}",
         r.text()
     );
-    assert_eq!(r.counts.stale_admitted, 0, "{}", r.text());
+    assert!(
+        r.declared.iter().any(|d| d.contains("not greater")),
+        "the regression is not reported as declared: {}",
+        r.text()
+    );
 }
 
 /// A frozen store (SIGSTOP of the server's process group), on stores of
@@ -202,8 +207,12 @@ async fn every_networked_store_holds_while_frozen() {
                 "store-pause,pause",
                 "--store-pid",
                 &pid,
+                // Until 300 grants, up to 30 s: etcd (2 s minimum TTL) on a
+                // loaded machine needs longer than the others to grant enough.
+                "--acquisitions",
+                "300",
                 "--duration",
-                "12s",
+                "30s",
             ],
         )
         .await;

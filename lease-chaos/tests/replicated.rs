@@ -26,15 +26,20 @@ struct Cluster<T: Topology>(T);
 
 impl<T: Topology + 'static> Members for Cluster<T> {
     fn leader(&mut self) -> Option<usize> {
-        // Right after an earlier fault the store may still be electing.
+        if !self.0.has_leader() {
+            // Redlock has no leader: any running node.
+            return self.0.members().iter().position(|m| m.is_running());
+        }
+        // Right after an earlier fault the store may still be electing; a
+        // store with no leader after 10 s gets no leader fault this time
+        // (a follower is never hit in the leader's name).
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         loop {
             if let Some(l) = self.0.leader() {
                 return Some(l);
             }
-            if !self.0.has_leader() || std::time::Instant::now() >= deadline {
-                // Redlock has no leader: any running node.
-                return self.0.members().iter().position(|m| m.is_running());
+            if std::time::Instant::now() >= deadline {
+                return None;
             }
             std::thread::sleep(Duration::from_millis(100));
         }

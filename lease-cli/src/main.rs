@@ -958,6 +958,11 @@ fn capabilities_json(c: &lease::Capabilities) -> serde_json::Value {
         "expiry_clock": format!("{:?}", c.expiry_clock),
         "holder_session_ms": c.holder_session.map(ms),
         "failover_extension": c.failover_extension.map(|f| format!("{} x TTL + {:?}", f.ttl_multiple, f.fixed)),
+        "failover": c.failover.as_ref().map(|f| serde_json::json!({
+            "tokens": format!("{:?}", f.tokens),
+            "lease_survives": f.lease_survives,
+            "recovery_ms": ms(f.recovery),
+        })),
     })
 }
 

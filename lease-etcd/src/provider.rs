@@ -124,7 +124,14 @@ impl std::fmt::Debug for EtcdConfig {
 
 struct Inner {
     config: EtcdConfig,
-    client: OnceCell<Client>,
+    /// One client per endpoint, connected on first use. etcd-client's own
+    /// balancing over several endpoints keeps choosing a member that died:
+    /// its requests fail at once, so it looks the least loaded (measured:
+    /// one run in three never recovered from a killed leader in 16 s).
+    clients: Vec<OnceCell<Client>>,
+    /// The endpoint requests go to; a request that fails as unavailable
+    /// moves it to the next one.
+    current: std::sync::atomic::AtomicUsize,
     prefix: String,
     caps: Capabilities,
     display: String,
@@ -217,8 +224,9 @@ impl EtcdProvider {
             inner: Arc::new(Inner {
                 prefix: format!("lease/{}/", encode_namespace(&config.namespace)),
                 display: config.endpoints.join(","),
+                clients: config.endpoints.iter().map(|_| OnceCell::new()).collect(),
+                current: std::sync::atomic::AtomicUsize::new(0),
                 config,
-                client: OnceCell::new(),
                 caps,
                 seen_held: Arc::default(),
             }),
@@ -338,11 +346,16 @@ impl EtcdProvider {
         Ok(tls)
     }
 
-    async fn client(&self) -> Result<Client> {
+    /// The client of endpoint `i`.
+    async fn client(&self, i: usize) -> Result<Client> {
         let c = &self.inner.config;
-        let client = self
+        let cell = self
             .inner
-            .client
+            .clients
+            .get(i)
+            .ok_or_else(|| LeaseError::protocol(format!("no etcd endpoint {i}")))?;
+        let endpoint = [c.endpoints.get(i).cloned().unwrap_or_default()];
+        let client = cell
             .get_or_try_init(|| async {
                 let mut options = ConnectOptions::new()
                     .with_connect_timeout(c.connect_timeout)
@@ -357,7 +370,7 @@ impl EtcdProvider {
                 lease_api::backend::bounded(
                     "connecting",
                     c.connect_timeout + c.request_timeout,
-                    Client::connect(&c.endpoints, Some(options)),
+                    Client::connect(endpoint, Some(options)),
                     |e| self.map_err(e),
                 )
                 .await
@@ -373,9 +386,29 @@ impl EtcdProvider {
         F: FnOnce(Client) -> Fut,
         Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
     {
-        let client = self.client().await?;
+        use std::sync::atomic::Ordering;
+        let i = self.inner.current.load(Ordering::Relaxed);
         let limit = self.inner.config.request_timeout + self.inner.config.connect_timeout;
-        lease_api::backend::bounded(what, limit, f(client), |e| self.map_err(e)).await
+        let answer = match self.client(i).await {
+            Ok(client) => {
+                lease_api::backend::bounded(what, limit, f(client), |e| self.map_err(e)).await
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = &answer
+            && e.is_transient()
+        {
+            // The next call goes to the next member (not this one: a
+            // request that timed out may still have been applied).
+            let n = self.inner.clients.len();
+            let _ = self.inner.current.compare_exchange(
+                i,
+                (i + 1) % n.max(1),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+        }
+        answer
     }
 
     fn revoke_in_background(&self, lease_id: i64) {

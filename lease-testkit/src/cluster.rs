@@ -203,7 +203,15 @@ impl Topology for EtcdCluster {
         &mut self.members
     }
     fn leader(&self) -> Option<usize> {
-        (0..self.members.len()).find(|&i| self.status(i).is_some_and(|(leader, _)| leader))
+        // A member thawed after a pause may still think it leads: the one
+        // with the highest raft term does.
+        (0..self.members.len())
+            .filter_map(|i| match self.status(i) {
+                Some((true, term)) => Some((term, i)),
+                _ => None,
+            })
+            .max()
+            .map(|(_, i)| i)
     }
     fn healthy(&self) -> bool {
         let running: Vec<String> = self

@@ -190,7 +190,11 @@ impl OwnedProcess {
             .open(&self.log)
             .expect("open log");
         let mut cmd = Command::new(&self.program);
-        cmd.args(&self.args).process_group(0);
+        // zkServer.sh forks java instead of exec'ing it when this is set:
+        // then signals (and the parent-death signal) reach only the shell.
+        cmd.args(&self.args)
+            .process_group(0)
+            .env_remove("ZOO_NOEXEC");
         if let Some((uid, gid)) = self.run_as {
             cmd.uid(uid).gid(gid);
         }
@@ -266,19 +270,13 @@ impl OwnedProcess {
 
     fn send(&self, sig: &str) {
         if let Some(child) = self.child.as_ref() {
-            let _ = Command::new("kill")
-                .arg(format!("-{sig}"))
-                .arg(child.id().to_string())
-                .status();
+            signal_pid(child.id(), sig);
         }
     }
 
     fn signal(&mut self, sig: &str) {
         if let Some(mut child) = self.child.take() {
-            let _ = Command::new("kill")
-                .arg(format!("-{sig}"))
-                .arg(child.id().to_string())
-                .status();
+            signal_pid(child.id(), sig);
             let deadline = Instant::now() + Duration::from_secs(30);
             while Instant::now() < deadline {
                 if let Ok(Some(_)) = child.try_wait() {
@@ -289,6 +287,28 @@ impl OwnedProcess {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+/// Sends `sig` (`TERM`, `INT`, `KILL`, `STOP`, `CONT`) to `pid`.
+///
+/// # Panics
+/// For another name, or when the signal cannot be sent to a process that
+/// still exists (a test must not go on believing a store was frozen).
+fn signal_pid(pid: u32, sig: &str) {
+    use nix::sys::signal::Signal;
+    let signal = match sig {
+        "TERM" => Signal::SIGTERM,
+        "INT" => Signal::SIGINT,
+        "KILL" => Signal::SIGKILL,
+        "STOP" => Signal::SIGSTOP,
+        "CONT" => Signal::SIGCONT,
+        other => panic!("unknown signal {other}"),
+    };
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).expect("a pid fits in i32"));
+    match nix::sys::signal::kill(pid, signal) {
+        Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+        Err(e) => panic!("cannot send SIG{sig} to {pid}: {e}"),
     }
 }
 
@@ -312,14 +332,16 @@ pub fn spawn_lasting(mut cmd: Command) -> std::io::Result<Child> {
     type Job = (Command, std::sync::mpsc::Sender<std::io::Result<Child>>);
     static SPAWNER: std::sync::OnceLock<std::sync::Mutex<std::sync::mpsc::Sender<Job>>> =
         std::sync::OnceLock::new();
+    let parent = nix::unistd::Pid::this();
     // SAFETY: the closure runs in the forked child before exec and calls only
     // prctl(2) and getppid(2), which are async-signal-safe.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
                 .map_err(std::io::Error::from)?;
-            // The parent may have ended before prctl: do not outlive it.
-            if nix::unistd::getppid() == nix::unistd::Pid::from_raw(1) {
+            // The parent may have ended before prctl (the child was then
+            // reparented, to init or a subreaper): do not outlive it.
+            if nix::unistd::getppid() != parent {
                 return Err(std::io::Error::other("the test process is gone"));
             }
             Ok(())

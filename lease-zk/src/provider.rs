@@ -238,17 +238,21 @@ fn multi_err(e: MultiWriteError) -> ZkError {
 
 /// What an ensemble's failover does, for a session timeout of `session`: a
 /// czxid carries the leader epoch in its high bits and is returned only after
-/// a quorum logged the write, so tokens keep growing; the holder node is
-/// ephemeral and the session moves to another server, so the lease survives
-/// when a new leader is elected within the session timeout. Serving again
-/// takes at most that timeout plus one failed request.
-fn failover(c: &ZkConfig, session: Duration) -> Failover {
+/// a quorum logged the write, so tokens keep growing. The holder node is
+/// ephemeral and the session moves to another server, but a lease's local
+/// validity is two thirds of the session timeout after its last renewal
+/// (`bounded_validity`), and renewals come every third of that: a lease
+/// survives when the ensemble elects a leader and the client reconnects
+/// within a third of the session timeout, which is the recovery bound
+/// declared. With ZooKeeper's default tickTime of 2 s an election takes
+/// seconds: give sessions 15 s or more where leases must survive a failover.
+fn failover(session: Duration) -> Failover {
     Failover::new(
         FailoverTokens::Increasing(
             "czxids carry the leader epoch and are returned after a quorum logged the write".into(),
         ),
         true,
-        session + c.connect_timeout + c.request_timeout,
+        session / 3,
     )
 }
 
@@ -286,7 +290,7 @@ impl ZkProvider {
             "tokens are czxids: global transaction ids that include the leader epoch, persisted by every quorum write".into(),
         ))
         .with_holder_session(Some(config.session_timeout))
-        .with_failover(Some(failover(&config, config.session_timeout)));
+        .with_failover(Some(failover(config.session_timeout)));
         Ok(ZkProvider {
             inner: Arc::new(Inner {
                 ns_path: format!("/lease/{}", segment(&config.namespace)),
@@ -455,7 +459,7 @@ impl ZkProvider {
                 .asked_caps
                 .clone()
                 .with_holder_session(Some(granted))
-                .with_failover(Some(failover(c, granted))),
+                .with_failover(Some(failover(granted))),
         );
         // A new session may be served by another server: take a new clock sample.
         *self.inner.clock.lock().await = None;

@@ -17,13 +17,13 @@ async fn killing_the_leader_keeps_the_lease_the_waiter_and_the_token_order() {
         .await
         .unwrap();
     let ns = unique("failover");
-    // A 4 s session: the recovery bound (and so the test's TTL) stays short.
+    // A 15 s session: leases survive an election of up to 5 s (a third of it).
     let provider = || -> Arc<dyn LeaseProvider> {
         Arc::new(
             ZkProvider::new(
                 ZkConfig::new(ensemble.connect_string())
                     .namespace(&ns)
-                    .session_timeout(Duration::from_secs(4)),
+                    .session_timeout(Duration::from_secs(15)),
             )
             .unwrap(),
         )
