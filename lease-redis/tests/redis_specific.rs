@@ -400,11 +400,16 @@ async fn redlock_raises_counters_only_when_the_majority_disagrees() {
         (x.0 + y.0 + z.0, x.1 + y.1 + z.1)
     };
     let raises = || async { counts().await.0 };
+    rl.flush(Duration::from_secs(2)).await;
     let (before, cancels_before) = counts().await;
     for _ in 0..20 {
         let t = token_after_acquire(&rl, &k).await;
         assert!(t > last, "token {t} after {last}");
         last = t;
+        // The node that answered after the round closed counts this
+        // acquisition too before the next round (on a loaded machine it
+        // could otherwise lag one round, and disagree).
+        rl.flush(Duration::from_secs(2)).await;
     }
     // Every node's late release answer arrives before we count.
     rl.flush(Duration::from_secs(2)).await;
@@ -429,10 +434,15 @@ async fn redlock_raises_counters_only_when_the_majority_disagrees() {
     let mut t = last;
     let mut with_a = false;
     for _ in 0..50 {
+        // The counts are differences of separate command counters: a late
+        // node's call landing between two reads would skew them, so every
+        // straggler of the last round has answered before each read.
+        rl.flush(Duration::from_secs(2)).await;
         let before = raises().await;
         let next = token_after_acquire(&rl, &k).await;
         assert!(next > t, "token {next} after {t}");
         t = next;
+        rl.flush(Duration::from_secs(2)).await;
         let raised = raises().await - before;
         if next > ahead {
             assert!(raised >= 2, "a majority with a ran {raised} raises");
