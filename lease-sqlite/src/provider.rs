@@ -84,6 +84,9 @@ struct Inner {
     /// One `Notify` per bucket, woken by the inotify task.
     released: Arc<Vec<Arc<Notify>>>,
     watcher: OnceCell<DropGuard>,
+    /// Keys this provider found held, until when at least (as etcd's
+    /// provider keeps them): a try on such a key reads before it writes.
+    seen_held: std::sync::Mutex<std::collections::HashMap<String, Instant>>,
 }
 
 impl std::fmt::Debug for SqliteProvider {
@@ -184,6 +187,7 @@ impl SqliteProvider {
                 write_lock: Arc::new(tokio::sync::Mutex::new(())),
                 released: Arc::new((0..BUCKETS).map(|_| Arc::new(Notify::new())).collect()),
                 watcher: OnceCell::new(),
+                seen_held: std::sync::Mutex::default(),
             }),
         })
     }
@@ -320,6 +324,13 @@ impl SqliteProvider {
                 Err(LeaseError::timeout("a SQLite transaction", limit))
             }
         }
+    }
+
+    fn seen_held(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Instant>> {
+        self.inner
+            .seen_held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The bucket of `key`: releases wake only the waiters of their bucket.
@@ -500,19 +511,30 @@ impl LeaseProvider for SqliteProvider {
 
     async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
         let ttl = self.inner.caps.grant_ttl(ttl)?;
-        // A key that is held is answered by a read, which runs beside other
-        // processes' writes (WAL): a herd of waiters woken by one release
-        // does not queue for the write lock only to find the key taken. A
-        // stale read can only say "held", and the caller's watch, set up
-        // before this call, sees the release that made it stale.
-        if let Some(info) = self.inspect(key).await? {
-            return Ok(TryAcquire::Held {
-                remaining: Some(info.remaining),
-            });
+        // A key this provider found held is answered by a read, which runs
+        // beside other processes' writes (WAL): a herd of waiters woken by
+        // one release does not queue for the write lock only to find the key
+        // taken. A stale read can only say "held", and the caller's watch,
+        // set up before this call, sees the release that made it stale. A
+        // key not seen held goes straight to the write: one transaction.
+        let seen = {
+            let now = Instant::now();
+            let mut seen = self.seen_held();
+            seen.retain(|_, until| *until > now);
+            seen.contains_key(key.as_str())
+        };
+        if seen {
+            if let Some(info) = self.inspect(key).await? {
+                return Ok(TryAcquire::Held {
+                    remaining: Some(info.remaining),
+                });
+            }
+            self.seen_held().remove(key.as_str());
         }
+        let seen_key = key.as_str().to_owned();
         let key = key.clone();
         let sent_at = Instant::now();
-        self.write(move |this| async move {
+        let answer = self.write(move |this| async move {
             let owner = OwnerId::random();
             let holder = lease_api::holder();
             let ns = this.inner.config.namespace.clone();
@@ -563,7 +585,15 @@ impl LeaseProvider for SqliteProvider {
                 Lease::new(key, FencingToken(token), owner, ttl, sent_at).with_holder(holder),
             ))
         })
-        .await
+        .await;
+        if let Ok(TryAcquire::Held {
+            remaining: Some(remaining),
+        }) = &answer
+        {
+            self.seen_held()
+                .insert(seen_key, Instant::now() + *remaining);
+        }
+        answer
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
