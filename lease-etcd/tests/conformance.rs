@@ -1,12 +1,15 @@
-//! The whole conformance suite against a real etcd from `scripts/stores`.
+//! The whole conformance suite against a real etcd from `scripts/stores`,
+//! and against a 3-member cluster started for this binary alone
+//! (`lease_testkit::cluster`), every provider given all three endpoints.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use lease_api::{LeaseError, LeaseProvider};
 use lease_conformance::{ProviderFactory, conformance_tests};
 use lease_etcd::{EtcdConfig, EtcdProvider};
+use lease_testkit::cluster::EtcdCluster;
 use lease_testkit::store_url;
 
 struct EtcdFactory(Vec<String>);
@@ -41,4 +44,10 @@ impl ProviderFactory for EtcdFactory {
     }
 }
 
+fn cluster() -> &'static EtcdCluster {
+    static CLUSTER: OnceLock<EtcdCluster> = OnceLock::new();
+    CLUSTER.get_or_init(|| EtcdCluster::start(3))
+}
+
 conformance_tests!(etcd_conformance, EtcdFactory::new());
+conformance_tests!(etcd_cluster_conformance, EtcdFactory(cluster().endpoints()));

@@ -1,13 +1,15 @@
 //! The whole conformance suite against one real Redis and against three
-//! independent Redis nodes (Redlock), from `scripts/stores`.
+//! independent Redis nodes (Redlock), from `scripts/stores`, and against five
+//! Redlock nodes started for this binary alone.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use lease_api::{LeaseError, LeaseProvider};
 use lease_conformance::{ProviderFactory, conformance_tests};
 use lease_redis::{RedisConfig, RedisProvider, RedlockConfig, RedlockProvider};
+use lease_testkit::cluster::RedisNodes;
 use lease_testkit::store_url;
 
 /// A loopback port nothing listens on.
@@ -70,3 +72,12 @@ impl ProviderFactory for RedlockFactory {
 
 conformance_tests!(redis_conformance, RedisFactory::new());
 conformance_tests!(redlock_conformance, RedlockFactory::new());
+
+/// Five independent nodes, Redlock's usual deployment, started for this
+/// binary alone, each with AOF and `appendfsync always`.
+fn five_nodes() -> &'static RedisNodes {
+    static NODES: OnceLock<RedisNodes> = OnceLock::new();
+    NODES.get_or_init(|| RedisNodes::start(5))
+}
+
+conformance_tests!(redlock5_conformance, RedlockFactory(five_nodes().urls()));

@@ -1,11 +1,14 @@
-//! The whole conformance suite against a real ZooKeeper from `scripts/stores`.
+//! The whole conformance suite against a real ZooKeeper from `scripts/stores`,
+//! and against a 3-server ensemble started for this binary alone
+//! (`lease_testkit::cluster`), every provider given the whole connect string.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use lease_api::{LeaseError, LeaseProvider};
 use lease_conformance::{ProviderFactory, conformance_tests};
+use lease_testkit::cluster::ZkEnsemble;
 use lease_testkit::store_url;
 use lease_zk::{ZkConfig, ZkProvider};
 
@@ -36,4 +39,13 @@ impl ProviderFactory for ZkFactory {
     }
 }
 
+fn ensemble() -> &'static ZkEnsemble {
+    static ENSEMBLE: OnceLock<ZkEnsemble> = OnceLock::new();
+    ENSEMBLE.get_or_init(|| ZkEnsemble::start(3))
+}
+
 conformance_tests!(zk_conformance, ZkFactory::new());
+conformance_tests!(
+    zk_ensemble_conformance,
+    ZkFactory(ensemble().connect_string())
+);
