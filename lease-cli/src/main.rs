@@ -42,6 +42,9 @@ const EXIT_DENIED: u8 = 78;
 /// How long `lease` waits at exit for background clean-ups (cancels of
 /// acquires that timed out but may still run).
 const FLUSH_LIMIT: Duration = Duration::from_secs(5);
+/// How long `lease run` waits for a killed command group to die before it
+/// gives the lease up.
+const KILL_WAIT: Duration = Duration::from_secs(5);
 
 const AFTER_HELP: &str = "\
 Exit codes:
@@ -644,8 +647,21 @@ async fn run(
         Ok(supervise::SupervisorExit::Killed(sig)) => {
             // The supervisor was killed outright: its command may still run.
             // Stop it before the lease is given up.
-            if let Some(g) = group.or_else(|| supervisor.command_group()) {
-                supervise::kill_group(g);
+            let stopped = match group.or_else(|| supervisor.command_group()) {
+                Some(g) => supervise::kill_group_and_wait(g, KILL_WAIT).await,
+                None => true,
+            };
+            if !stopped {
+                // Something of the command still runs: leave the lease to
+                // expire on the store rather than hand the key to another.
+                let _ = guard.detach().await;
+                return fail(
+                    EXIT_SUPERVISOR,
+                    format!(
+                        "the supervisor of the command was killed by signal {sig}; the command's group did not die within {}, so {key} is left to expire",
+                        humantime::format_duration(KILL_WAIT)
+                    ),
+                );
             }
             if !guard.is_lost() {
                 let _ = guard.release().await;

@@ -173,6 +173,54 @@ pub fn kill_group(group: Pid) {
     let _ = killpg(group, Signal::SIGKILL);
 }
 
+/// Kills a process group outright and waits, up to `limit`, until none of
+/// its processes runs any more (each is gone or a zombie). SIGKILL is only
+/// pending until the target next leaves the kernel: a process in the middle
+/// of a system call (a write, say) finishes it first. So the lease must not be
+/// given up the moment `killpg` returns. False when some process still runs
+/// at `limit` (stuck in uninterruptible sleep, for one).
+pub async fn kill_group_and_wait(group: Pid, limit: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        kill_group(group);
+        if !group_runs(group) {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// True while some process of `group` is neither gone nor a zombie.
+fn group_runs(group: Pid) -> bool {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    dir.flatten().any(|entry| {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            return false;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            return false;
+        };
+        // After the parenthesised command name: state, ppid, pgrp.
+        let mut fields = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.split_whitespace())
+            .into_iter()
+            .flatten();
+        let state = fields.next();
+        let pgrp = fields.nth(1).and_then(|g| g.parse::<i32>().ok());
+        pgrp == Some(group.as_raw()) && !matches!(state, Some("Z" | "X") | None)
+    })
+}
+
 enum Event {
     Valid(u128),
     Stop(Duration),
