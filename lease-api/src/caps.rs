@@ -448,11 +448,16 @@ impl ProbedCapabilities {
 
     /// Records what the probe found and returns the resulting capabilities.
     pub fn record(&self, durable_tokens: TokenDurability) -> Capabilities {
-        let caps = Capabilities {
+        self.record_with(|c| Capabilities {
             durable_tokens,
-            ..self.base.clone()
-        };
-        let _ = self.probed.set(caps.clone());
+            ..c
+        })
+    }
+
+    /// Records the base capabilities as `probed` changes them (for probes
+    /// that learn more than durability) and returns the result.
+    pub fn record_with(&self, probed: impl FnOnce(Capabilities) -> Capabilities) -> Capabilities {
+        let _ = self.probed.set(probed(self.base.clone()));
         self.get().clone()
     }
 }

@@ -1,6 +1,8 @@
 //! Chaos on replicated stores: a 3-member etcd cluster, a 3-server
-//! ZooKeeper ensemble and 5 Redlock nodes, each started for its cell. The
-//! nemesis kills and freezes the leader (for Redlock, a node) while a holder
+//! ZooKeeper ensemble, 5 Redlock nodes and a Redis primary with 2 replicas
+//! under 3 Sentinels, each started for its cell. The nemesis kills and
+//! freezes the leader (for Redlock, a node; under Sentinel, the primary,
+//! which a freeze longer than down-after demotes) while a holder
 //! holds, besides pausing, crashing and cutting off workers; the checker
 //! judges the history against what each backend declares.
 //!
@@ -11,7 +13,7 @@ use std::time::Duration;
 use clap::Parser;
 use lease_chaos::{Members, Report, RunArgs, run_with_members};
 use lease_testkit::TempDir;
-use lease_testkit::cluster::{EtcdCluster, RedisNodes, Topology, ZkEnsemble};
+use lease_testkit::cluster::{EtcdCluster, RedisNodes, RedisSentinel, Topology, ZkEnsemble};
 
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -59,9 +61,13 @@ impl<T: Topology + 'static> Members for Cluster<T> {
     }
 }
 
+/// Every fault of a replicated cell.
+const ALL_FAULTS: &str = "leader-kill,leader-pause,pause,crash,partition";
+
 async fn cell<T: Topology + 'static>(
     start: impl FnOnce() -> T + Send + 'static,
     url: impl FnOnce(&T) -> String,
+    faults: &str,
 ) -> Report {
     let _one = ONE_AT_A_TIME.lock().await;
     let topology = tokio::task::spawn_blocking(start).await.unwrap();
@@ -72,7 +78,7 @@ async fn cell<T: Topology + 'static>(
         "--store",
         &store,
         "--faults",
-        "leader-kill,leader-pause,pause,crash,partition",
+        faults,
         "--fault-every",
         "1s",
         "--duration",
@@ -124,6 +130,7 @@ async fn etcd_cluster_holds_when_its_leader_is_killed_or_frozen() {
                 .collect();
             format!("etcd://{}", hosts.join(","))
         },
+        ALL_FAULTS,
     )
     .await;
     holds(&r);
@@ -134,6 +141,7 @@ async fn zookeeper_ensemble_holds_when_its_leader_is_killed_or_frozen() {
     let r = cell(
         || ZkEnsemble::start(3),
         |e| format!("zk://{}", e.connect_string()),
+        ALL_FAULTS,
     )
     .await;
     holds(&r);
@@ -151,6 +159,20 @@ async fn redlock_of_five_holds_when_a_node_is_killed_or_frozen() {
                 .collect();
             format!("redlock://{}", hosts.join(","))
         },
+        ALL_FAULTS,
+    )
+    .await;
+    holds(&r);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_sentinel_holds_when_its_primary_is_killed_or_frozen() {
+    // No partition: the workers would reach the Sentinels through the
+    // nemesis's proxies, but the primary at the address Sentinel names.
+    let r = cell(
+        || RedisSentinel::start(2, 3),
+        RedisSentinel::url,
+        "leader-kill,leader-pause,pause,crash",
     )
     .await;
     holds(&r);

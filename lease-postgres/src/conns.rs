@@ -18,13 +18,16 @@
 //! The pool stays for what is neither hot nor one statement: LISTEN, the
 //! migration, the probe and [`begin_fenced`](crate::PostgresProvider::begin_fenced).
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgDatabaseError, PgSeverity};
-use sqlx::{ConnectOptions, Connection};
+use sqlx::Connection;
+use sqlx::postgres::{PgConnection, PgDatabaseError, PgSeverity};
 use tokio::sync::{Mutex, MutexGuard};
 use tokio::time::Instant;
+
+use crate::hosts::Hosts;
 
 /// A connection idle this long is pinged before it is used again.
 pub(crate) const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
@@ -37,7 +40,9 @@ struct Open {
 pub(crate) struct Conns {
     slots: Box<[Mutex<Option<Open>>]>,
     next: AtomicUsize,
-    options: PgConnectOptions,
+    hosts: Arc<Hosts>,
+    /// `statement_timeout` for every connection, in milliseconds.
+    statement_ms: String,
 }
 
 /// One slot, checked out: its connection is taken out of the slot and only put
@@ -57,13 +62,25 @@ impl Conns {
     /// waits (on a row lock, say). Without the limit, such orphans would pile
     /// up past the server's connection limit under retries, and commit late
     /// (an acquire nobody holds, announced to nobody).
-    pub(crate) fn new(options: PgConnectOptions, size: u32, statement_limit: Duration) -> Self {
+    pub(crate) fn new(hosts: Arc<Hosts>, size: u32, statement_limit: Duration) -> Self {
         let size = usize::try_from(size.max(1)).unwrap_or(1);
+        // With several hosts the primary may wait for a synchronous standby
+        // at commit. A statement_timeout that fires during that wait makes
+        // PostgreSQL report the commit as done (with only a WARNING) though
+        // no standby has it: a token a promotion could hand out again. So the
+        // server's limit is twice the client's, and the client gives up (and
+        // hands out nothing) first.
+        let statement_limit = if hosts.is_multi() {
+            statement_limit * 2
+        } else {
+            statement_limit
+        };
         let ms = statement_limit.as_millis().max(1);
         Conns {
             slots: (0..size).map(|_| Mutex::new(None)).collect(),
             next: AtomicUsize::new(0),
-            options: options.options([("statement_timeout", ms.to_string())]),
+            hosts,
+            statement_ms: ms.to_string(),
         }
     }
 
@@ -101,7 +118,12 @@ impl Conns {
         let open = match open {
             Some(o) => o,
             None => Open {
-                conn: self.options.connect().await?,
+                conn: self
+                    .hosts
+                    .connect_primary(|o| {
+                        o.options([("statement_timeout", self.statement_ms.as_str())])
+                    })
+                    .await?,
                 last_used: Instant::now(),
             },
         };
@@ -126,10 +148,12 @@ impl Checkout<'_> {
                 let fatal = d
                     .try_downcast_ref::<PgDatabaseError>()
                     .is_some_and(|p| matches!(p.severity(), PgSeverity::Fatal | PgSeverity::Panic));
+                // 25006: a read-only transaction, on a primary demoted to a
+                // standby: the next connection looks for the new primary.
                 !fatal
-                    && !d
-                        .code()
-                        .is_some_and(|c| c.starts_with("57P") || c.starts_with("08"))
+                    && !d.code().is_some_and(|c| {
+                        c.starts_with("57P") || c.starts_with("08") || c.as_ref() == "25006"
+                    })
             }
             Err(_) => false,
         };

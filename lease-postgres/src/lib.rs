@@ -34,6 +34,30 @@
 //! [`LeaseError::Denied`](lease_api::LeaseError::Denied), never `Unavailable`.
 //! The provider shows the server as `postgres://host:port`, never the URL.
 //!
+//! ## A primary with standbys
+//!
+//! `postgres://user@h1:5432,h2:5432/db` names several hosts, as libpq's
+//! multi-host URLs do. Each new connection asks `SELECT pg_is_in_recovery()`
+//! and is used only on the primary (libpq's `target_session_attrs=read-write`);
+//! a host that is down, a standby, or silent past the connect timeout is
+//! passed over. After a promotion, statements on the old primary fail (it is
+//! gone) or are refused (`25006`, it was demoted); either closes the
+//! connection, and the next one finds the new primary. The LISTEN connection
+//! and the pool follow. PostgreSQL promotes nothing by itself: Patroni,
+//! repmgr or a managed service does, and the provider follows.
+//!
+//! What a promotion keeps depends on the primary's settings, which the probe
+//! reads before the first call answers: with `synchronous_standby_names` set
+//! and `synchronous_commit` `on`, `remote_write` or `remote_apply`, every
+//! commit, each token's among them, is on a standby before it returns, so
+//! `Capabilities::failover` declares tokens increasing and leases
+//! surviving. Otherwise a promotion can lose the last commits, and it
+//! declares `MayRepeat`. One trap is closed here: a `statement_timeout` that
+//! fires while a commit waits for the synchronous standby makes PostgreSQL
+//! report the commit as done (with only a WARNING) though no standby has it.
+//! So with several hosts the server's statement limit is twice the response
+//! timeout, and the client gives up (handing out nothing) first.
+//!
 //! ## Table layout
 //!
 //! ```sql
@@ -111,6 +135,7 @@
 #![warn(missing_docs)]
 
 mod conns;
+mod hosts;
 mod provider;
 mod sql;
 

@@ -7,11 +7,13 @@ use tokio_util::task::AbortOnDropHandle;
 use async_trait::async_trait;
 use lease_api::backend::{ProbedCapabilities, WatchHub};
 use lease_api::{
-    Capabilities, DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, ExpiryClock, FencingToken, KeyWatch, Lease,
-    LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Notifications, OwnerId, Result,
-    TokenDurability, TryAcquire, validate_namespace,
+    Capabilities, DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, ExpiryClock, Failover, FailoverTokens,
+    FencingToken, KeyWatch, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Notifications,
+    OwnerId, Result, TokenDurability, TryAcquire, validate_namespace,
 };
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
+
+use crate::hosts::Hosts;
 use sqlx::{Postgres, Row, Transaction};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
@@ -105,7 +107,14 @@ struct Inner {
     pool: OnceLock<PgPool>,
     /// The connections acquire, extend, release and inspect run on.
     conns: Conns,
-    connect_options: PgConnectOptions,
+    /// The server, or the servers of which one is the primary.
+    hosts: Arc<Hosts>,
+    /// `host:port` the pool connects to now, when it has moved (several hosts).
+    pool_host: Arc<std::sync::Mutex<Option<String>>>,
+    /// With several hosts, the first call waits for the probe: the failover
+    /// declaration depends on the primary's replication settings.
+    probed_first: OnceCell<()>,
+    connect_options: sqlx::postgres::PgConnectOptions,
     pool_options: PgPoolOptions,
     sql: Statements,
     namespace: String,
@@ -170,9 +179,10 @@ fn is_unavailable(e: &sqlx::Error) -> bool {
         // connection exceptions; 53300 too many connections; 40001/40P01
         // serialization failure and deadlock; 55P03 lock not available. The rest
         // (42xxx undefined table or permission, 28xxx authentication) is permanent.
+        // 25006 (read-only transaction) is a primary demoted to a standby.
         c.starts_with("57P")
             || c.starts_with("08")
-            || matches!(c.as_ref(), "53300" | "40001" | "40P01" | "55P03")
+            || matches!(c.as_ref(), "53300" | "40001" | "40P01" | "55P03" | "25006")
     }))
 }
 
@@ -193,12 +203,9 @@ impl PostgresProvider {
         }
         // rustls needs its crypto provider chosen once per process (sslmode).
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let options: PgConnectOptions = config.url.parse().map_err(|e| {
-            LeaseError::Config(format!(
-                "invalid PostgreSQL URL ({e}); expected postgres://user[:password]@host[:port]/database"
-            ))
-        })?;
-        let display = format!("postgres://{}:{}", options.get_host(), options.get_port());
+        let hosts = Arc::new(Hosts::parse(&config.url, config.connect_timeout)?);
+        let options = hosts.current();
+        let display = format!("postgres://{}", hosts.display());
         let pool_options = PgPoolOptions::new()
             .max_connections(config.max_connections)
             .min_connections(0)
@@ -232,10 +239,13 @@ impl PostgresProvider {
             inner: Arc::new(Inner {
                 pool: OnceLock::new(),
                 conns: Conns::new(
-                    options.clone(),
+                    Arc::clone(&hosts),
                     config.max_connections,
                     config.response_timeout,
                 ),
+                pool_host: Arc::default(),
+                probed_first: OnceCell::new(),
+                hosts,
                 connect_options: options,
                 pool_options,
                 sql: Statements::new(&config.schema, &config.table),
@@ -262,19 +272,28 @@ impl PostgresProvider {
     /// The pool, to run your own statements (for example inside
     /// [`begin_fenced`](Self::begin_fenced)'s transaction). Made on first use.
     ///
+    /// With several hosts, the pool connects to the host that last answered
+    /// as the primary.
+    ///
     /// # Errors
     /// [`LeaseError::Config`] when called outside a tokio runtime.
     pub fn pool(&self) -> Result<&PgPool> {
-        if let Some(p) = self.inner.pool.get() {
-            return Ok(p);
+        let pool = match self.inner.pool.get() {
+            Some(p) => p,
+            None => {
+                in_runtime()?;
+                self.inner.pool.get_or_init(|| {
+                    self.inner
+                        .pool_options
+                        .clone()
+                        .connect_lazy_with(self.inner.connect_options.clone())
+                })
+            }
+        };
+        if self.inner.hosts.is_multi() {
+            point_pool(pool, &self.inner.hosts, &self.inner.pool_host);
         }
-        in_runtime()?;
-        Ok(self.inner.pool.get_or_init(|| {
-            self.inner
-                .pool_options
-                .clone()
-                .connect_lazy_with(self.inner.connect_options.clone())
-        }))
+        Ok(pool)
     }
 
     fn map_err(&self, e: sqlx::Error) -> LeaseError {
@@ -363,8 +382,22 @@ impl PostgresProvider {
         Ok(done.rows_affected())
     }
 
+    /// With several hosts, the first call waits for the probe, so the
+    /// capabilities read after it carry the failover declaration. A probe
+    /// that fails is tried again by the next call.
+    async fn probe_first(&self) {
+        if self.inner.hosts.is_multi() {
+            let _ = self
+                .inner
+                .probed_first
+                .get_or_try_init(|| async { self.probe().await.map(|_| ()) })
+                .await;
+        }
+    }
+
     async fn ready(&self) -> Result<()> {
         in_runtime()?;
+        self.probe_first().await;
         self.start_probe();
         if !self.inner.create_table {
             return Ok(());
@@ -409,7 +442,61 @@ impl PostgresProvider {
                     .into(),
             )
         };
-        Ok(self.inner.caps.record(durable_tokens))
+        if !self.inner.hosts.is_multi() {
+            return Ok(self.inner.caps.record(durable_tokens));
+        }
+        let failover = self.probe_failover().await?;
+        Ok(self.inner.caps.record_with(|c| {
+            c.with_durable_tokens(durable_tokens)
+                .with_failover(Some(failover))
+        }))
+    }
+
+    /// With several hosts: whether the primary's commits wait for a standby
+    /// (`synchronous_standby_names`, `synchronous_commit`, and a standby
+    /// streaming as `sync` or `quorum` now), which decides what a promotion
+    /// keeps.
+    async fn probe_failover(&self) -> Result<Failover> {
+        let row = self
+            .bounded(
+                "the replication probe",
+                sqlx::query(
+                    "SELECT current_setting('synchronous_standby_names'), current_setting('synchronous_commit'), \
+                     (SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum'))",
+                )
+                .fetch_one(self.pool()?),
+            )
+            .await?;
+        let names: String = row.try_get(0).unwrap_or_default();
+        let commit: String = row.try_get(1).unwrap_or_default();
+        let sync_standbys: i64 = row.try_get(2).unwrap_or_default();
+        // The settings decide: with them every commit waits (blocks, if no
+        // standby is there) until a synchronous standby has it. How many are
+        // in sync right now is only reported.
+        let synchronous = !names.trim().is_empty()
+            && matches!(commit.as_str(), "on" | "remote_write" | "remote_apply");
+        let tokens = if synchronous {
+            FailoverTokens::Increasing(format!(
+                "every commit, each token's among them, reaches a synchronous standby before it returns \
+                 (synchronous_standby_names '{names}', synchronous_commit {commit}; {sync_standbys} in sync when probed)"
+            ))
+        } else {
+            FailoverTokens::MayRepeat(format!(
+                "the standbys are asynchronous (synchronous_standby_names '{names}', synchronous_commit {commit}, \
+                 {sync_standbys} in sync): a promotion can lose the last commits, tokens and leases among them"
+            ))
+        };
+        // Counted from the promotion (PostgreSQL has no failover agent of its
+        // own: Patroni, repmgr or a managed service promotes a standby): one
+        // statement fails on the old primary, and the next connects to each
+        // host in turn until one answers as primary.
+        let per_host = self.inner.hosts.connect_timeout();
+        let hosts = u32::try_from(self.inner.hosts.len()).unwrap_or(u32::MAX);
+        Ok(Failover::new(
+            tokens,
+            synchronous,
+            self.inner.response_timeout * 2 + per_host.saturating_mul(hosts),
+        ))
     }
 
     fn start_probe(&self) {
@@ -472,16 +559,27 @@ impl PostgresProvider {
         let channel = self.inner.sql.channel.clone();
         let pool = self.pool()?.clone();
         let limit = self.inner.response_timeout;
-        let connect = move |pool: PgPool, channel: String| async move {
-            match tokio::time::timeout(limit, async {
-                let mut l = PgListener::connect_with(&pool).await?;
-                l.listen(&channel).await?;
-                Ok::<_, sqlx::Error>(l)
-            })
-            .await
-            {
-                Ok(r) => r.map_err(|e| e.to_string()),
-                Err(_) => Err(format!("no answer within {limit:?}")),
+        let hosts = Arc::clone(&self.inner.hosts);
+        let pool_host = Arc::clone(&self.inner.pool_host);
+        let connect = move |pool: PgPool, channel: String| {
+            let (hosts, pool_host) = (Arc::clone(&hosts), Arc::clone(&pool_host));
+            async move {
+                match tokio::time::timeout(limit + hosts.connect_timeout(), async {
+                    if hosts.is_multi() {
+                        // LISTEN is refused on a standby: find the primary first
+                        // (after a promotion, nothing else may have yet).
+                        drop(hosts.connect_primary(|o| o).await?);
+                        point_pool(&pool, &hosts, &pool_host);
+                    }
+                    let mut l = PgListener::connect_with(&pool).await?;
+                    l.listen(&channel).await?;
+                    Ok::<_, sqlx::Error>(l)
+                })
+                .await
+                {
+                    Ok(r) => r.map_err(|e| e.to_string()),
+                    Err(_) => Err(format!("no answer within {limit:?}")),
+                }
             }
         };
         let first =
@@ -542,6 +640,21 @@ impl PostgresProvider {
             task: AbortOnDropHandle::new(task),
         });
         Ok(())
+    }
+}
+
+/// Points `pool` at the host that last answered as the primary, if it is
+/// not there yet. Connections it already holds stay until they fail.
+fn point_pool(pool: &PgPool, hosts: &Hosts, at: &std::sync::Mutex<Option<String>>) {
+    let options = hosts.current();
+    let host = format!("{}:{}", options.get_host(), options.get_port());
+    let mut at = at.lock().unwrap_or_else(|p| p.into_inner());
+    if at.as_deref() != Some(host.as_str()) {
+        if at.is_some() {
+            tracing::info!(primary = %host, "PostgreSQL primary moved");
+        }
+        pool.set_connect_options(options);
+        *at = Some(host);
     }
 }
 
@@ -748,6 +861,7 @@ impl LeaseProvider for PostgresProvider {
         // Reading never creates or alters the table (`lease status` runs no
         // DDL): a table or schema that does not exist holds no lease.
         in_runtime()?;
+        self.probe_first().await;
         self.start_probe();
         let answer = async {
             let mut c = self.inner.conns.checkout().await?;

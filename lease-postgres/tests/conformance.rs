@@ -1,12 +1,15 @@
-//! The whole conformance suite against a real PostgreSQL from `scripts/stores`.
+//! The whole conformance suite against a real PostgreSQL from `scripts/stores`,
+//! and against a primary with a synchronous streaming standby started for
+//! this binary alone (a two-host URL).
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use lease_api::{LeaseError, LeaseProvider};
 use lease_conformance::{ProviderFactory, conformance_tests};
 use lease_postgres::{PostgresConfig, PostgresProvider};
+use lease_testkit::cluster::PostgresHa;
 use lease_testkit::store_url;
 
 struct PostgresFactory(String);
@@ -27,7 +30,12 @@ impl ProviderFactory for PostgresFactory {
     }
 
     async fn unreachable(&self) -> Result<Arc<dyn LeaseProvider>, LeaseError> {
-        let config = PostgresConfig::new("postgres://postgres@127.0.0.1:1/postgres")
+        let down = if self.0.contains(',') {
+            "postgres://postgres@127.0.0.1:1,127.0.0.1:2/postgres"
+        } else {
+            "postgres://postgres@127.0.0.1:1/postgres"
+        };
+        let config = PostgresConfig::new(down)
             .timeouts(Duration::from_millis(500), Duration::from_millis(500));
         Ok(Arc::new(PostgresProvider::new(config)?))
     }
@@ -38,3 +46,14 @@ impl ProviderFactory for PostgresFactory {
 }
 
 conformance_tests!(postgres_conformance, PostgresFactory::new());
+
+/// A primary whose commits wait for its standby, started for this binary.
+fn primary_and_standby() -> &'static PostgresHa {
+    static TOPOLOGY: OnceLock<PostgresHa> = OnceLock::new();
+    TOPOLOGY.get_or_init(|| PostgresHa::start(true))
+}
+
+conformance_tests!(
+    postgres_ha_conformance,
+    PostgresFactory(primary_and_standby().url())
+);

@@ -58,6 +58,24 @@
 //! use) reads the server's configuration and the capabilities say which it is.
 //! Managed Redis that refuses `CONFIG GET` is reported as unknown.
 //!
+//! ## Sentinel
+//!
+//! `redis+sentinel://[user:password@]s1:26379,s2:26379,s3:26379/<master-name>[/<db>][?wait=N]`
+//! makes [`RedisProvider`] follow the primary that the Sentinels name, across
+//! failovers, on the same provider object. The credentials are the data
+//! nodes'; the Sentinels are asked without them. Redis replicates
+//! asynchronously, so a replica promoted after a crash may lack the last
+//! leases and counter increments: two holders, and a token handed out
+//! twice. So every acquire and extend is followed, in one pipeline on one
+//! connection, by `WAIT N` (N = `wait`, default 1); when fewer replicas
+//! acknowledge within half the response timeout, the acquire is refused
+//! (`Unavailable`) and its lease given back, and the extend is refused, so
+//! the holder keeps counting on the previous, replicated expiry.
+//! `Capabilities::failover` declares tokens increasing, and leases
+//! surviving, with `wait` >= 1, and `MayRepeat` with `wait=0`; the recovery
+//! bound follows from the Sentinels' `down-after-milliseconds`, read before
+//! the first call answers.
+//!
 //! ## One node, Redlock, or another backend?
 //!
 //! - **One node** is the fastest choice and right when Redis is already a
@@ -103,6 +121,7 @@ mod keys;
 mod node;
 mod redlock;
 mod scripts;
+mod sentinel;
 mod single;
 
 pub use redlock::{RedlockConfig, RedlockProvider};

@@ -8,7 +8,9 @@ use futures_util::StreamExt;
 use lease_api::backend::WatchHub;
 use lease_api::{LeaseError, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{FromRedisValue, RedisError, Script};
+use redis::{ErrorKind, FromRedisValue, RedisError, Script, ServerErrorKind};
+
+use crate::sentinel::SentinelTarget;
 
 struct Subscription {
     /// Stopped when the subscription is dropped (replaced, or the provider gone).
@@ -35,16 +37,36 @@ pub(crate) struct Timeouts {
     pub response: Duration,
 }
 
+/// Where a node's server is: one fixed address, or the primary that the
+/// Sentinels name now.
+enum Target {
+    Fixed(redis::Client),
+    Sentinel {
+        target: SentinelTarget,
+        /// Held while the primary is looked up, so concurrent calls after a
+        /// failover ask the Sentinels once.
+        resolving: tokio::sync::Mutex<()>,
+    },
+}
+
+/// The connection in use: its client (for pub/sub) and its manager.
+struct Current {
+    client: redis::Client,
+    manager: ConnectionManager,
+}
+
 pub(crate) struct Node {
     pub(crate) display: String,
-    client: redis::Client,
+    target: Target,
     config: ConnectionManagerConfig,
     /// Made on first use: the connection manager spawns a task, so it needs
     /// the runtime that the first call runs on.
     /// Dropped after a call times out, so the next call dials again: the
     /// manager reconnects when a connection errors, never when it just goes
     /// silent (a black-holed path), and would time out every call after.
-    manager: std::sync::Mutex<Option<ConnectionManager>>,
+    /// Under Sentinel it is also dropped after any failure to reach the
+    /// server, so the next call asks the Sentinels where the primary is.
+    current: std::sync::Mutex<Option<Current>>,
     timeouts: Timeouts,
     subscription: tokio::sync::Mutex<Option<Subscription>>,
 }
@@ -138,8 +160,19 @@ fn is_tls_failure(e: &(dyn std::error::Error + 'static)) -> bool {
 
 impl Node {
     pub(crate) fn new(url: &str, timeouts: Timeouts) -> Result<Self> {
-        let display = describe(url);
-        let client = open_client(url, &display)?;
+        let (display, target) = if SentinelTarget::is_sentinel_url(url) {
+            (
+                crate::sentinel::describe(url),
+                Target::Sentinel {
+                    target: SentinelTarget::parse(url)?,
+                    resolving: tokio::sync::Mutex::new(()),
+                },
+            )
+        } else {
+            let display = describe(url);
+            let client = open_client(url, &display)?;
+            (display, Target::Fixed(client))
+        };
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeouts.connect))
             .set_response_timeout(Some(timeouts.response))
@@ -147,53 +180,99 @@ impl Node {
             .set_max_delay(Duration::from_millis(200));
         Ok(Node {
             display,
-            client,
+            target,
             config,
-            manager: std::sync::Mutex::new(None),
+            current: std::sync::Mutex::new(None),
             timeouts,
             subscription: tokio::sync::Mutex::new(None),
         })
     }
 
-    fn manager(&self) -> Result<ConnectionManager> {
-        let mut slot = self.manager.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(m) = slot.as_ref() {
-            return Ok(m.clone());
+    /// Its timeouts.
+    pub(crate) fn timeouts(&self) -> Timeouts {
+        self.timeouts
+    }
+
+    /// The Sentinel settings, when the node is a Sentinel-monitored primary.
+    pub(crate) fn sentinel(&self) -> Option<&SentinelTarget> {
+        match &self.target {
+            Target::Sentinel { target, .. } => Some(target),
+            Target::Fixed(_) => None,
         }
+    }
+
+    fn cached(&self) -> Option<(redis::Client, ConnectionManager)> {
+        let slot = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        slot.as_ref().map(|c| (c.client.clone(), c.manager.clone()))
+    }
+
+    /// The connection in use, made (and, under Sentinel, the primary looked
+    /// up) when there is none.
+    async fn connection(&self) -> Result<(redis::Client, ConnectionManager)> {
+        if let Some(c) = self.cached() {
+            return Ok(c);
+        }
+        let client = match &self.target {
+            Target::Fixed(client) => client.clone(),
+            Target::Sentinel { target, resolving } => {
+                let _one = resolving.lock().await;
+                if let Some(c) = self.cached() {
+                    return Ok(c);
+                }
+                let url = target.resolve(self.timeouts).await?;
+                tracing::debug!(sentinels = %self.display, primary = %describe(&url), "Sentinel named the primary");
+                redis::Client::open(url.as_str()).map_err(|e| {
+                    LeaseError::Config(format!(
+                        "{}: the primary's address {} is not usable: {e}",
+                        self.display,
+                        describe(&url)
+                    ))
+                })?
+            }
+        };
         // Lazy: it spawns its task on the runtime of the first call.
-        let m = ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
+        let manager = ConnectionManager::new_lazy_with_config(client.clone(), self.config.clone())
             .map_err(|e| {
-            LeaseError::Config(format!(
-                "cannot set up the connection to {}: {e}",
-                self.display
-            ))
-        })?;
-        *slot = Some(m.clone());
-        Ok(m)
+                LeaseError::Config(format!(
+                    "cannot set up the connection to {}: {e}",
+                    self.display
+                ))
+            })?;
+        let mut slot = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        let current = slot.get_or_insert(Current { client, manager });
+        Ok((current.client.clone(), current.manager.clone()))
     }
 
-    /// After a timeout: the next call gets a fresh connection.
+    /// After a timeout (or, under Sentinel, any failure to reach the
+    /// server): the next call gets a fresh connection.
     fn forget_connection(&self) {
-        *self.manager.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
-    /// Bounds `call` by connect + response timeouts; a timeout (the call's
-    /// own or the bound) drops the connection so the next call dials again.
+    /// Bounds `call` by connect + response timeouts (plus `extra`); a
+    /// timeout (the call's own or the bound) drops the connection so the
+    /// next call dials again.
     async fn bounded<T>(
         &self,
         what: &'static str,
+        extra: Duration,
         call: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> Result<T> {
-        let limit = self.timeouts.connect + self.timeouts.response;
+        let limit = self.timeouts.connect + self.timeouts.response + extra;
         let result = lease_api::backend::bounded(what, limit, call, |e| self.map_err(e)).await;
-        if matches!(result, Err(LeaseError::Timeout { .. })) {
-            self.forget_connection();
+        match &result {
+            Err(LeaseError::Timeout { .. }) => self.forget_connection(),
+            // A primary that is gone or was demoted (READONLY) is "unavailable":
+            // under Sentinel the next call looks for the new one.
+            Err(LeaseError::Unavailable { .. }) if self.sentinel().is_some() => {
+                self.forget_connection();
+            }
+            _ => {}
         }
         result
     }
 
     pub(crate) fn map_err(&self, e: RedisError) -> LeaseError {
-        use redis::{ErrorKind, ServerErrorKind};
         if e.is_timeout() {
             return LeaseError::Timeout {
                 operation: "a Redis call",
@@ -267,9 +346,62 @@ impl Node {
         for a in args {
             invocation.arg(*a);
         }
-        let mut conn = self.manager()?;
-        self.bounded("a Redis script", invocation.invoke_async(&mut conn))
-            .await
+        let (_, mut conn) = self.connection().await?;
+        self.bounded(
+            "a Redis script",
+            Duration::ZERO,
+            invocation.invoke_async(&mut conn),
+        )
+        .await
+    }
+
+    /// Runs one script and then `WAIT replicas`, as one pipeline on one
+    /// connection, so WAIT counts the replicas that have the script's writes
+    /// (a WAIT sent on a connection made afterwards would count from zero).
+    /// Returns the script's answer and how many replicas acknowledged, after
+    /// at most half the response timeout.
+    pub(crate) async fn eval_replicated<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        keys: &[&str],
+        args: &[&str],
+        replicas: u32,
+    ) -> Result<(T, u32)> {
+        let mut invocation = script.prepare_invoke();
+        for k in keys {
+            invocation.key(*k);
+        }
+        for a in args {
+            invocation.arg(*a);
+        }
+        // Half the response timeout: the connection's own response timeout
+        // covers the whole pipeline, and WAIT must answer before it fires.
+        let wait_ms = u64::try_from((self.timeouts.response / 2).as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let (_, mut conn) = self.connection().await?;
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(&invocation)
+            .cmd("WAIT")
+            .arg(replicas)
+            .arg(wait_ms);
+        // A primary that never ran the script (new, or promoted after a
+        // failover: the script cache is not replicated) loads it first.
+        let call = async move {
+            match pipe.query_async::<(T, u32)>(&mut conn).await {
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    script.load_async(&mut conn).await?;
+                    pipe.query_async::<(T, u32)>(&mut conn).await
+                }
+                other => other,
+            }
+        };
+        self.bounded(
+            "a replicated Redis script",
+            self.timeouts.response * 2,
+            call,
+        )
+        .await
     }
 
     /// Cancels `owner`'s acquire of `lease_key` whose outcome is unknown: writes
@@ -344,9 +476,13 @@ impl Node {
 
     /// Runs one command, bounded like [`Node::eval`].
     pub(crate) async fn query<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T> {
-        let mut conn = self.manager()?;
-        self.bounded("a Redis command", cmd.query_async(&mut conn))
-            .await
+        let (_, mut conn) = self.connection().await?;
+        self.bounded(
+            "a Redis command",
+            Duration::ZERO,
+            cmd.query_async(&mut conn),
+        )
+        .await
     }
 
     /// Makes sure this node's release announcements on `channel` reach `hub`.
@@ -359,8 +495,9 @@ impl Node {
             return Ok(());
         }
         let limit = self.timeouts.connect + self.timeouts.response;
+        let (client, _) = self.connection().await?;
         let setup = async {
-            let pubsub = self.client.get_async_pubsub().await?;
+            let pubsub = client.get_async_pubsub().await?;
             let (mut sink, stream) = pubsub.split();
             sink.subscribe(channel).await?;
             Ok::<_, RedisError>((sink, stream))

@@ -6,9 +6,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lease_api::backend::ProbedCapabilities;
 use lease_api::{
-    Capabilities, DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, ExpiryClock, FencingToken, KeyWatch, Lease,
-    LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Notifications, OwnerId, Result,
-    TokenDurability, TryAcquire, validate_namespace,
+    Capabilities, DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, ExpiryClock, Failover, FailoverTokens,
+    FencingToken, KeyWatch, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Notifications,
+    OwnerId, Result, TokenDurability, TryAcquire, validate_namespace,
 };
 use redis::Value;
 use tokio::time::Instant;
@@ -121,6 +121,35 @@ pub(crate) fn base_capabilities(backend: &'static str, clock: ExpiryClock) -> Ca
         ))
 }
 
+/// The capabilities of a Sentinel-monitored primary whose acquires and
+/// extends wait for `wait_replicas` replicas, when Sentinel declares a
+/// primary down after `down_after` and a failed call takes `call`.
+fn sentinel_capabilities(wait_replicas: u32, down_after: Duration, call: Duration) -> Capabilities {
+    let tokens = if wait_replicas > 0 {
+        FailoverTokens::Increasing(format!(
+            "each token and each lease expiry is acknowledged by {wait_replicas} replica(s) (WAIT) before it is \
+             returned, and Sentinel promotes the replica with the most replicated data; a token repeats only if \
+             every replica that acknowledged it is lost or cut off from the Sentinels at the same failover"
+        ))
+    } else {
+        FailoverTokens::MayRepeat(
+            "wait=0: replication is asynchronous, so a promoted replica may lack the last counter \
+             increments and leases"
+                .into(),
+        )
+    };
+    base_capabilities("redis-sentinel", ExpiryClock::StoreServer).with_failover(Some(
+        Failover::new(
+            tokens,
+            wait_replicas > 0,
+            // Sentinel's failure detection, its vote and the promotion, then
+            // one failed call before the provider asks the Sentinels again and
+            // one to find the new primary.
+            down_after + crate::sentinel::ELECTION_AND_PROMOTION + call * 2,
+        ),
+    ))
+}
+
 /// Reads `appendonly` and `appendfsync` to say whether fence counters survive
 /// a restart.
 pub(crate) async fn probe_durability(node: &Node) -> TokenDurability {
@@ -168,7 +197,13 @@ pub(crate) async fn probe_durability(node: &Node) -> TokenDurability {
 
 struct Inner {
     node: Node,
+    /// Under Sentinel: how many replicas must acknowledge each acquire and
+    /// extend before it counts (0: none, a single server).
+    wait_replicas: u32,
     allow_eviction: bool,
+    /// Under Sentinel, the first call waits for the probe: the failover
+    /// declaration depends on the Sentinels' down-after-milliseconds.
+    sentinel_probed: tokio::sync::OnceCell<()>,
     /// The eviction check, made once before the first acquire.
     eviction_checked: tokio::sync::OnceCell<()>,
     /// Cancels of timed-out acquires still running (see `flush`).
@@ -216,9 +251,20 @@ impl RedisProvider {
             },
         )?;
         let ns_encoded = encode(&config.namespace);
+        let wait_replicas = node.sentinel().map_or(0, |t| t.wait_replicas);
+        let base = match node.sentinel() {
+            Some(_) => sentinel_capabilities(
+                wait_replicas,
+                crate::sentinel::DEFAULT_DOWN_AFTER,
+                config.connect_timeout + config.response_timeout,
+            ),
+            None => base_capabilities("redis", ExpiryClock::StoreServer),
+        };
         Ok(RedisProvider {
             inner: Arc::new(Inner {
                 node,
+                wait_replicas,
+                sentinel_probed: tokio::sync::OnceCell::new(),
                 allow_eviction: config.allow_eviction,
                 eviction_checked: tokio::sync::OnceCell::new(),
                 cleanups: tokio_util::task::TaskTracker::new(),
@@ -226,7 +272,7 @@ impl RedisProvider {
                 ns_encoded,
                 namespace: config.namespace,
                 hub: Arc::default(),
-                caps: ProbedCapabilities::new(base_capabilities("redis", ExpiryClock::StoreServer)),
+                caps: ProbedCapabilities::new(base),
             }),
         })
     }
@@ -248,7 +294,39 @@ impl RedisProvider {
     pub async fn probe(&self) -> Result<Capabilities> {
         let _: String = self.inner.node.query(&redis::cmd("PING")).await?;
         let durable_tokens = probe_durability(&self.inner.node).await;
-        Ok(self.inner.caps.record(durable_tokens))
+        let Some(sentinel) = self.inner.node.sentinel() else {
+            return Ok(self.inner.caps.record(durable_tokens));
+        };
+        // Under Sentinel the failover bound follows from the live
+        // down-after-milliseconds of the monitored master.
+        let timeouts = self.inner.node.timeouts();
+        let down_after = sentinel
+            .down_after(timeouts)
+            .await
+            .unwrap_or(crate::sentinel::DEFAULT_DOWN_AFTER);
+        let failover = sentinel_capabilities(
+            self.inner.wait_replicas,
+            down_after,
+            timeouts.connect + timeouts.response,
+        )
+        .failover;
+        Ok(self.inner.caps.record_with(|c| {
+            c.with_durable_tokens(durable_tokens)
+                .with_failover(failover)
+        }))
+    }
+
+    /// Under Sentinel: probes before the first call answers, so the
+    /// capabilities a caller reads after it carry the live failover bound.
+    /// A probe that fails is tried again by the next call.
+    async fn ready(&self) {
+        if self.inner.node.sentinel().is_some() {
+            let _ = self
+                .inner
+                .sentinel_probed
+                .get_or_try_init(|| async { self.probe().await.map(|_| ()) })
+                .await;
+        }
     }
 
     fn start_probe(&self) {
@@ -290,6 +368,19 @@ impl RedisProvider {
             .get_or_try_init(|| check_eviction(&self.inner.node, self.inner.allow_eviction))
             .await
             .map(|_| ())
+    }
+
+    /// An acquire or extend that fewer replicas acknowledged than required.
+    fn unreplicated(&self, acked: u32) -> LeaseError {
+        LeaseError::unavailable(
+            format!(
+                "Redis at {}: {acked} of the {} replica(s) required acknowledged the write within {:?}",
+                self.inner.node.display,
+                self.inner.wait_replicas,
+                self.inner.node.timeouts().response / 2
+            ),
+            std::io::Error::other("too few replicas"),
+        )
     }
 
     /// After an acquire whose outcome is unknown (it timed out, maybe queued
@@ -413,6 +504,7 @@ impl LeaseProvider for RedisProvider {
     }
 
     async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
+        self.ready().await;
         let ttl = self.capabilities().grant_ttl(ttl)?;
         self.check_eviction().await?;
         self.start_probe();
@@ -422,16 +514,23 @@ impl LeaseProvider for RedisProvider {
         let cancel_key = cancel_key(&lease_key, &owner_hex);
         let holder = lease_api::holder();
         let sent_at = Instant::now();
-        let (won, n, _holder): (i64, i64, String) = match self
-            .inner
-            .node
-            .eval(
-                &ACQUIRE,
-                &[&lease_key, &fence_key, &cancel_key],
-                &[&owner_hex, &millis(ttl).to_string(), &holder],
-            )
-            .await
-        {
+        let keys = [lease_key.as_str(), fence_key.as_str(), cancel_key.as_str()];
+        let ttl_ms = millis(ttl).to_string();
+        let args = [owner_hex.as_str(), ttl_ms.as_str(), &holder];
+        let wait = self.inner.wait_replicas;
+        let answer = if wait == 0 {
+            self.inner
+                .node
+                .eval::<(i64, i64, String)>(&ACQUIRE, &keys, &args)
+                .await
+                .map(|v| (v, wait))
+        } else {
+            self.inner
+                .node
+                .eval_replicated::<(i64, i64, String)>(&ACQUIRE, &keys, &args, wait)
+                .await
+        };
+        let ((won, n, _holder), acked) = match answer {
             Ok(v) => v,
             Err(e) => {
                 // The script may still run (a frozen server runs what queued up
@@ -446,10 +545,17 @@ impl LeaseProvider for RedisProvider {
         if won == 1 {
             let token = u64::try_from(n)
                 .map_err(|_| LeaseError::protocol(format!("negative token {n}")))?;
-            Ok(TryAcquire::Acquired(
-                Lease::new(key.clone(), FencingToken(token), owner, ttl, sent_at)
-                    .with_holder(holder),
-            ))
+            let lease = Lease::new(key.clone(), FencingToken(token), owner, ttl, sent_at)
+                .with_holder(holder);
+            if acked < wait {
+                // A failover now could promote a replica without this lease
+                // or its token: give it back rather than hand it out.
+                if let Err(e) = self.release(&lease).await {
+                    tracing::warn!(key = %key, error = %e, "could not give back a lease no replica acknowledged; it runs out by its TTL");
+                }
+                return Err(self.unreplicated(acked));
+            }
+            Ok(TryAcquire::Acquired(lease))
         } else {
             let remaining = u64::try_from(n).ok().map(Duration::from_millis);
             Ok(TryAcquire::Held { remaining })
@@ -460,15 +566,27 @@ impl LeaseProvider for RedisProvider {
         let ttl = self.capabilities().grant_ttl(ttl)?;
         let (lease_key, _) = self.keys(lease.key());
         let sent_at = Instant::now();
-        let done: i64 = self
-            .inner
-            .node
-            .eval(
-                &EXTEND,
-                &[&lease_key],
-                &[&held_by(lease), &millis(ttl).to_string()],
-            )
-            .await?;
+        let owner = held_by(lease);
+        let ttl_ms = millis(ttl).to_string();
+        let wait = self.inner.wait_replicas;
+        let done: i64 = if wait == 0 {
+            self.inner
+                .node
+                .eval(&EXTEND, &[&lease_key], &[&owner, &ttl_ms])
+                .await?
+        } else {
+            let (done, acked) = self
+                .inner
+                .node
+                .eval_replicated(&EXTEND, &[&lease_key], &[&owner, &ttl_ms], wait)
+                .await?;
+            // An expiry only the primary has would end earlier after a
+            // failover than the holder believes: not an extension yet.
+            if done == 1 && acked < wait {
+                return Err(self.unreplicated(acked));
+            }
+            done
+        };
         if done == 1 {
             Ok(lease.renewed(ttl, sent_at))
         } else {
@@ -484,7 +602,20 @@ impl LeaseProvider for RedisProvider {
             Vec::new()
         } else {
             let (keys, args) = batch.refs();
-            self.inner.node.eval(&EXTEND_MANY, &keys, &args).await?
+            let wait = self.inner.wait_replicas;
+            if wait == 0 {
+                self.inner.node.eval(&EXTEND_MANY, &keys, &args).await?
+            } else {
+                let (done, acked): (Vec<i64>, u32) = self
+                    .inner
+                    .node
+                    .eval_replicated(&EXTEND_MANY, &keys, &args, wait)
+                    .await?;
+                if acked < wait {
+                    return Err(self.unreplicated(acked));
+                }
+                done
+            }
         };
         if done.len() != batch.len() {
             return Err(LeaseError::protocol(format!(
@@ -526,6 +657,7 @@ impl LeaseProvider for RedisProvider {
     }
 
     async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>> {
+        self.ready().await;
         let (lease_key, _) = self.keys(key);
         let v: Value = self.inner.node.eval(&INSPECT, &[&lease_key], &[]).await?;
         match v {

@@ -1,6 +1,7 @@
 //! The whole conformance suite against one real Redis and against three
 //! independent Redis nodes (Redlock), from `scripts/stores`, and against five
-//! Redlock nodes started for this binary alone.
+//! Redlock nodes and a Sentinel-monitored primary with two replicas started
+//! for this binary alone.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -9,7 +10,7 @@ use async_trait::async_trait;
 use lease_api::{LeaseError, LeaseProvider};
 use lease_conformance::{ProviderFactory, conformance_tests};
 use lease_redis::{RedisConfig, RedisProvider, RedlockConfig, RedlockProvider};
-use lease_testkit::cluster::RedisNodes;
+use lease_testkit::cluster::{RedisNodes, RedisSentinel};
 use lease_testkit::store_url;
 
 /// A loopback port nothing listens on.
@@ -32,8 +33,13 @@ impl ProviderFactory for RedisFactory {
     }
 
     async fn unreachable(&self) -> Result<Arc<dyn LeaseProvider>, LeaseError> {
-        let config = RedisConfig::new(DOWN_URL)
-            .timeouts(Duration::from_millis(500), Duration::from_millis(500));
+        let down = if self.0.starts_with("redis+sentinel://") {
+            "redis+sentinel://127.0.0.1:1,127.0.0.1:2/lease"
+        } else {
+            DOWN_URL
+        };
+        let config =
+            RedisConfig::new(down).timeouts(Duration::from_millis(500), Duration::from_millis(500));
         Ok(Arc::new(RedisProvider::new(config)?))
     }
 
@@ -81,3 +87,12 @@ fn five_nodes() -> &'static RedisNodes {
 }
 
 conformance_tests!(redlock5_conformance, RedlockFactory(five_nodes().urls()));
+
+/// A primary with two replicas under three Sentinels, started for this binary
+/// alone; every acquire and extend waits for one replica (the default).
+fn sentinel() -> &'static RedisSentinel {
+    static TOPOLOGY: OnceLock<RedisSentinel> = OnceLock::new();
+    TOPOLOGY.get_or_init(|| RedisSentinel::start(2, 3))
+}
+
+conformance_tests!(redis_sentinel_conformance, RedisFactory(sentinel().url()));

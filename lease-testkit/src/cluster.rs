@@ -1,6 +1,7 @@
 //! Replicated stores on loopback, each member an [`OwnedProcess`] on its own
 //! free ports with its own data directory: an etcd cluster, a ZooKeeper
-//! ensemble, and N independent Redis nodes for Redlock. A test (or
+//! ensemble, N independent Redis nodes for Redlock, a Redis primary with
+//! replicas under Sentinel, and a PostgreSQL primary with a streaming standby. A test (or
 //! `scripts/clusters`) starts one, and may stop, kill -9, freeze, thaw and
 //! restart any member on its own data, and ask which member leads.
 //!
@@ -381,5 +382,431 @@ impl Topology for RedisNodes {
     fn healthy(&self) -> bool {
         let up = self.members.iter().filter(|m| m.is_running()).count();
         up > self.members.len() / 2
+    }
+}
+
+/// Runs one command on the Redis (or Sentinel) at `port` with `redis-cli
+/// --raw`, returning its output lines.
+fn redis_cli(port: u16, args: &[&str]) -> Option<Vec<String>> {
+    // redis-cli has no timeout of its own: a frozen server would hang it.
+    let out = output(
+        Command::new("timeout")
+            .args([
+                "2",
+                "redis-cli",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+                "--raw",
+            ])
+            .args(args)
+            .stdin(std::process::Stdio::null()),
+    )?;
+    Some(out.lines().map(str::to_owned).collect())
+}
+
+/// A Redis primary with replicas, watched by Sentinels (quorum: a majority of
+/// them). Every data node keeps AOF with `appendfsync always`. The
+/// [`members`](Topology::members) are the data nodes, which a test kills or
+/// freezes; the Sentinels are kept apart and stay up.
+#[derive(Debug)]
+pub struct RedisSentinel {
+    members: Vec<OwnedProcess>,
+    sentinels: Vec<OwnedProcess>,
+}
+
+/// The master name the Sentinels of [`RedisSentinel`] monitor.
+pub const SENTINEL_MASTER: &str = "lease";
+
+/// How long the Sentinels of [`RedisSentinel`] wait before they call an
+/// unanswering primary down (`down-after-milliseconds`).
+pub const SENTINEL_DOWN_AFTER: Duration = Duration::from_millis(1000);
+
+impl RedisSentinel {
+    /// Starts a primary, `replicas` replicas and `sentinels` Sentinels
+    /// (down-after 1 s, failover-timeout 5 s), and waits until every replica
+    /// is in sync and every Sentinel knows the others and the replicas.
+    ///
+    /// # Panics
+    /// When a process cannot start or the topology is not healthy in 60 s.
+    pub fn start(replicas: usize, sentinels: usize) -> Self {
+        let primary = crate::redis_in(member_dir("redis-primary"), true, &[]);
+        let primary_port = primary.port().to_string();
+        let mut members = vec![primary];
+        for _ in 0..replicas {
+            members.push(crate::redis_in(
+                member_dir("redis-replica"),
+                true,
+                &["--replicaof", "127.0.0.1", &primary_port],
+            ));
+        }
+        let quorum = sentinels / 2 + 1;
+        let sentinels = (0..sentinels)
+            .map(|i| {
+                let dir = member_dir("redis-sentinel");
+                let port = free_port();
+                let cfg = dir.path().join("sentinel.conf");
+                std::fs::write(
+                    &cfg,
+                    format!(
+                        "port {port}\nbind 127.0.0.1\ndir {dir}\n\
+                         sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {primary_port} {quorum}\n\
+                         sentinel down-after-milliseconds {SENTINEL_MASTER} {down_after}\n\
+                         sentinel failover-timeout {SENTINEL_MASTER} 5000\n\
+                         sentinel parallel-syncs {SENTINEL_MASTER} 2\n",
+                        dir = dir.path().display(),
+                        down_after = SENTINEL_DOWN_AFTER.as_millis(),
+                    ),
+                )
+                .expect("write sentinel.conf");
+                OwnedProcess::start(
+                    &format!("sentinel-{i}"),
+                    "redis-server",
+                    vec![cfg.display().to_string(), "--sentinel".into()],
+                    port,
+                    dir,
+                )
+            })
+            .collect();
+        let s = RedisSentinel { members, sentinels };
+        s.wait_healthy(Duration::from_secs(60));
+        s
+    }
+
+    /// `redis+sentinel://127.0.0.1:P1,.../lease`, the provider's URL.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port()))
+            .collect();
+        format!("redis+sentinel://{}/{SENTINEL_MASTER}", hosts.join(","))
+    }
+
+    /// Waits until every replica has acknowledged the primary's whole
+    /// replication stream (its offset equals the primary's).
+    ///
+    /// # Panics
+    /// When they have not within `limit`.
+    pub fn wait_replicated(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            let caught_up = self.leader().and_then(|p| {
+                let info = redis_cli(self.members[p].port(), &["INFO", "replication"])?;
+                let field = |k: &str| {
+                    info.iter()
+                        .find_map(|l| l.trim().strip_prefix(k).map(str::to_owned))
+                };
+                let offset = field("master_repl_offset:")?;
+                let replicas: usize = field("connected_slaves:")?.parse().ok()?;
+                let synced = info
+                    .iter()
+                    .filter(|l| l.starts_with("slave") && l.contains(&format!("offset={offset},")))
+                    .count();
+                Some(replicas > 0 && synced == replicas)
+            });
+            if caught_up == Some(true) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the replicas did not catch up within {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Freezes every replica (SIGSTOP) and then closes the primary's
+    /// replication connections, so nothing the primary writes from now on
+    /// reaches a replica, not even through the kernel's socket buffers,
+    /// which a frozen replica would still read once thawed. Returns the
+    /// primary's index. Thaw the replicas with [`OwnedProcess::thaw`].
+    ///
+    /// # Panics
+    /// When there is no primary, or it does not close the connections.
+    pub fn cut_replication(&self) -> usize {
+        let primary = self.wait_leader(Duration::from_secs(10));
+        for (i, m) in self.members.iter().enumerate() {
+            if i != primary {
+                m.freeze();
+            }
+        }
+        let killed = redis_cli(
+            self.members[primary].port(),
+            &["CLIENT", "KILL", "TYPE", "replica"],
+        );
+        assert!(
+            killed.is_some(),
+            "the primary did not close its replication connections"
+        );
+        primary
+    }
+
+    /// The Sentinels.
+    pub fn sentinels(&self) -> &[OwnedProcess] {
+        &self.sentinels
+    }
+
+    /// The port the Sentinels name as the primary, by majority.
+    fn named_primary(&self) -> Option<u16> {
+        let mut votes: Vec<u16> = self
+            .sentinels
+            .iter()
+            .filter(|s| s.is_running())
+            .filter_map(|s| {
+                let lines = redis_cli(
+                    s.port(),
+                    &["SENTINEL", "get-master-addr-by-name", SENTINEL_MASTER],
+                )?;
+                lines.get(1)?.trim().parse().ok()
+            })
+            .collect();
+        votes.sort_unstable();
+        let majority = self.sentinels.len() / 2 + 1;
+        votes
+            .chunk_by(|a, b| a == b)
+            .find(|run| run.len() >= majority)
+            .map(|run| run[0])
+    }
+
+    /// The `SENTINEL master` fields one Sentinel reports.
+    fn sentinel_view(&self, i: usize) -> Option<Vec<(String, String)>> {
+        let lines = redis_cli(
+            self.sentinels.get(i)?.port(),
+            &["SENTINEL", "master", SENTINEL_MASTER],
+        )?;
+        Some(
+            lines
+                .chunks(2)
+                .filter_map(|kv| match kv {
+                    [k, v] => Some((k.clone(), v.clone())),
+                    _ => None,
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Topology for RedisSentinel {
+    fn members(&self) -> &[OwnedProcess] {
+        &self.members
+    }
+    fn members_mut(&mut self) -> &mut [OwnedProcess] {
+        &mut self.members
+    }
+    /// The data node the Sentinels name as primary, when it runs and says
+    /// it is one.
+    fn leader(&self) -> Option<usize> {
+        let port = self.named_primary()?;
+        let i = self
+            .members
+            .iter()
+            .position(|m| m.port() == port && m.is_running())?;
+        let role = redis_cli(port, &["ROLE"])?;
+        (role.first().map(String::as_str) == Some("master")).then_some(i)
+    }
+    /// A primary the Sentinels agree on, every other running data node
+    /// replicating from it in sync, and every Sentinel seeing the primary
+    /// up, the other Sentinels and the replicas.
+    fn healthy(&self) -> bool {
+        let Some(primary) = self.leader() else {
+            return false;
+        };
+        let primary_port = self.members[primary].port().to_string();
+        let replicas = self
+            .members
+            .iter()
+            .enumerate()
+            .filter(|(i, m)| *i != primary && m.is_running())
+            .count();
+        let replicas_ok = self
+            .members
+            .iter()
+            .enumerate()
+            .filter(|(i, m)| *i != primary && m.is_running())
+            .all(|(_, m)| {
+                redis_cli(m.port(), &["INFO", "replication"]).is_some_and(|info| {
+                    info.iter()
+                        .any(|l| l.trim() == format!("master_port:{primary_port}"))
+                        && info.iter().any(|l| l.trim() == "master_link_status:up")
+                })
+            });
+        let sentinels_ok = (0..self.sentinels.len()).all(|i| {
+            self.sentinel_view(i).is_some_and(|view| {
+                let get = |k: &str| {
+                    view.iter()
+                        .find(|(key, _)| key == k)
+                        .map(|(_, v)| v.trim().to_owned())
+                };
+                get("flags").as_deref() == Some("master")
+                    && get("port").as_deref() == Some(primary_port.as_str())
+                    && get("num-other-sentinels") == Some((self.sentinels.len() - 1).to_string())
+                    && get("num-slaves")
+                        .and_then(|n| n.parse::<usize>().ok())
+                        .is_some_and(|n| n >= replicas)
+            })
+        });
+        replicas_ok && sentinels_ok
+    }
+}
+
+/// Runs one SQL statement on the PostgreSQL at `port` with `psql`, returning
+/// its unaligned output (bounded: a frozen server would hang psql).
+fn psql(port: u16, sql: &str) -> Option<String> {
+    output(
+        Command::new("timeout")
+            .args(["5", "psql", "-h", "127.0.0.1", "-p", &port.to_string()])
+            .args(["-U", "postgres", "-d", "postgres", "-tAX", "-c", sql])
+            .env("PGCONNECT_TIMEOUT", "2")
+            .stdin(std::process::Stdio::null()),
+    )
+    .map(|o| o.trim().to_owned())
+}
+
+/// A PostgreSQL primary and a hot standby streaming from it. PostgreSQL has
+/// no failover agent of its own (production uses Patroni, repmgr or a
+/// managed service): a test kills the primary and [`promote`](Self::promote)s
+/// the standby, as the agent would.
+#[derive(Debug)]
+pub struct PostgresHa {
+    members: Vec<OwnedProcess>,
+    synchronous: bool,
+}
+
+impl PostgresHa {
+    /// Starts a primary and one standby; with `synchronous`, every commit on
+    /// the primary waits until the standby flushed it.
+    ///
+    /// # Panics
+    /// When a server or the base backup fails, or the standby does not
+    /// stream within 60 s.
+    pub fn start(synchronous: bool) -> Self {
+        let primary = crate::postgres_primary(synchronous);
+        let standby = crate::postgres_standby(primary.port(), member_dir("pg-standby"));
+        let ha = PostgresHa {
+            members: vec![primary, standby],
+            synchronous,
+        };
+        ha.wait_healthy(Duration::from_secs(60));
+        ha
+    }
+
+    /// Whether commits wait for the standby.
+    pub fn synchronous(&self) -> bool {
+        self.synchronous
+    }
+
+    /// `postgres://postgres@127.0.0.1:P1,127.0.0.1:P2/postgres`: every member.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .members
+            .iter()
+            .map(|m| format!("127.0.0.1:{}", m.port()))
+            .collect();
+        format!("postgres://postgres@{}/postgres", hosts.join(","))
+    }
+
+    /// Promotes member `i` (a standby) to primary and waits until it is one.
+    ///
+    /// # Panics
+    /// When it is not promoted within 60 s.
+    pub fn promote(&self, i: usize) {
+        let done = psql(self.members[i].port(), "SELECT pg_promote(true, 60)");
+        assert_eq!(done.as_deref(), Some("t"), "promoting member {i} failed");
+    }
+
+    /// Freezes (SIGSTOP) every standby and then ends the primary's WAL
+    /// senders, so nothing the primary commits from now on reaches a
+    /// standby, not even through the kernel's socket buffers, which a frozen
+    /// standby would still read once thawed. Returns the primary's index.
+    /// Thaw the standbys with [`OwnedProcess::thaw`].
+    ///
+    /// # Panics
+    /// When there is no primary, or it does not end its WAL senders.
+    pub fn cut_replication(&self) -> usize {
+        let primary = self.wait_leader(Duration::from_secs(10));
+        for (i, m) in self.members.iter().enumerate() {
+            if i != primary {
+                m.freeze();
+            }
+        }
+        let ended = psql(
+            self.members[primary].port(),
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_replication",
+        );
+        assert!(
+            ended.is_some_and(|n| n != "0"),
+            "the primary did not end its WAL senders"
+        );
+        primary
+    }
+
+    /// Waits until every standby has replayed everything the primary wrote
+    /// so far (its replay position reaches the primary's current WAL
+    /// position).
+    ///
+    /// # Panics
+    /// When they have not within `limit`.
+    pub fn wait_replayed(&self, limit: Duration) {
+        let primary = self.wait_leader(Duration::from_secs(10));
+        let port = self.members[primary].port();
+        let Some(target) = psql(port, "SELECT pg_current_wal_lsn()") else {
+            panic!("the primary does not answer");
+        };
+        let deadline = Instant::now() + limit;
+        loop {
+            let behind = psql(
+                port,
+                &format!(
+                    "SELECT count(*) FROM pg_stat_replication WHERE replay_lsn IS NULL OR replay_lsn < '{target}'"
+                ),
+            );
+            if behind.as_deref() == Some("0") {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the standbys did not replay {target} within {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Whether member `i` runs and is a primary (not in recovery).
+    fn is_primary(&self, i: usize) -> bool {
+        self.members[i].is_running()
+            && psql(self.members[i].port(), "SELECT pg_is_in_recovery()").as_deref() == Some("f")
+    }
+}
+
+impl Topology for PostgresHa {
+    fn members(&self) -> &[OwnedProcess] {
+        &self.members
+    }
+    fn members_mut(&mut self) -> &mut [OwnedProcess] {
+        &mut self.members
+    }
+    fn leader(&self) -> Option<usize> {
+        (0..self.members.len()).find(|&i| self.is_primary(i))
+    }
+    /// One primary, and every other running member a standby streaming
+    /// from it.
+    fn healthy(&self) -> bool {
+        let Some(primary) = self.leader() else {
+            return false;
+        };
+        let others = self
+            .members
+            .iter()
+            .enumerate()
+            .filter(|(i, m)| *i != primary && m.is_running())
+            .count();
+        let streaming = psql(
+            self.members[primary].port(),
+            "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'",
+        )
+        .and_then(|n| n.parse::<usize>().ok());
+        streaming == Some(others)
     }
 }

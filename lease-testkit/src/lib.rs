@@ -662,6 +662,89 @@ pub fn owned_postgres_tls(ca: &TestCa, password: &str) -> OwnedProcess {
     )
 }
 
+/// A private PostgreSQL primary for a streaming standby (`wal_level`
+/// replica, trust authentication, replication allowed from loopback); with
+/// `synchronous`, every commit waits until a standby has flushed it
+/// (`synchronous_standby_names = '*'`).
+pub(crate) fn postgres_primary(synchronous: bool) -> OwnedProcess {
+    postgres_process(&["--auth=trust"], |_| {
+        let mut settings = vec!["wal_level=replica", "max_wal_senders=4"];
+        if synchronous {
+            settings.push("synchronous_standby_names=*");
+        }
+        settings
+            .iter()
+            .flat_map(|c| ["-c".to_owned(), (*c).to_owned()])
+            .collect()
+    })
+}
+
+/// A hot standby of the PostgreSQL at `primary_port`, cloned with
+/// `pg_basebackup -R` and streaming from it, on a free port.
+///
+/// # Panics
+/// When the base backup or the server fails.
+pub(crate) fn postgres_standby(primary_port: u16, dir: TempDir) -> OwnedProcess {
+    let bindir = pg_bindir();
+    let port = free_port();
+    let run_as = postgres_user();
+    if let Some((uid, gid)) = run_as {
+        let _ = Command::new("chown")
+            .arg("-R")
+            .arg(format!("{uid}:{gid}"))
+            .arg(dir.path())
+            .status();
+    }
+    let data = dir.path().join("data");
+    let mut backup = Command::new(bindir.join("pg_basebackup"));
+    backup
+        .args(["-h", "127.0.0.1", "-p", &primary_port.to_string()])
+        .args(["-U", "postgres", "-R", "-X", "stream", "-c", "fast", "-D"])
+        .arg(&data);
+    if let Some((uid, gid)) = run_as {
+        backup.uid(uid).gid(gid);
+    }
+    let out = backup
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run pg_basebackup: {e}"));
+    assert!(
+        out.status.success(),
+        "pg_basebackup failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let args = [
+        "-D",
+        &data.display().to_string(),
+        "-p",
+        &port.to_string(),
+        "-k",
+        &dir.path().display().to_string(),
+        "-c",
+        "listen_addresses=127.0.0.1",
+        "-c",
+        "fsync=on",
+        "-c",
+        "hot_standby=on",
+    ]
+    .iter()
+    .map(|a| (*a).to_owned())
+    .collect();
+    let mut p = OwnedProcess {
+        name: "postgres-standby".into(),
+        program: bindir.join("postgres"),
+        args,
+        port,
+        log: dir.path().join("postgres.log"),
+        child: None,
+        run_as: None,
+        stop_signal: "TERM",
+        dir,
+    }
+    .configured(run_as, "INT");
+    p.start_again();
+    p
+}
+
 /// initdb with `initdb_args`, then `configure(data dir)` (which returns extra
 /// server arguments), then the server on a free port.
 fn postgres_process(

@@ -9,7 +9,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// The store URL forms this crate understands.
 pub const URL_FORMS: &str = "memory://, redis://host:port[/db], rediss://...[?ca=/path/ca.pem], \
-redlock://host1:port,host2:port,host3:port, postgres://user@host/db[?lease_table=schema.table], \
+redis+sentinel://host1:port,host2:port/<master-name>[/db][?wait=N], redlock://host1:port,host2:port,host3:port, postgres://user@host/db[?lease_table=schema.table], \
 etcd://host1:port[,host2:port] (etcds:// for TLS), zk://host1:port[,host2:port][/chroot], \
 sqlite:///path/to/leases.db";
 
@@ -20,7 +20,8 @@ pub enum Store {
     /// `memory://`: the in-memory provider; every `memory://` provider of a
     /// process shares one store (it cannot coordinate two processes).
     Memory,
-    /// `redis://` or `rediss://`: one Redis server.
+    /// `redis://` or `rediss://`: one Redis server; `redis+sentinel://`: the
+    /// primary that Sentinel names, followed across failovers.
     Redis(String),
     /// `redlock://h1,h2,h3`: independent Redis nodes (as `redis://` URLs).
     Redlock(Vec<String>),
@@ -299,6 +300,15 @@ impl Store {
                     )));
                 }
                 Ok(Store::Memory)
+            }
+            "redis+sentinel" => {
+                if !rest.contains('/') {
+                    return Err(config_err(format!(
+                        "redis+sentinel:// needs the master name: redis+sentinel://host:port,host:port/<master-name>, got {:?}",
+                        crate::redact(url)
+                    )));
+                }
+                Ok(Store::Redis(url.to_owned()))
             }
             "redis" | "rediss" => {
                 let parsed = crate::urls::single(url, &["protocol", "ca"])?;
@@ -864,6 +874,10 @@ mod tests {
         assert_eq!(
             Store::parse("rediss://h:6380").unwrap(),
             Store::Redis("rediss://h:6380".into())
+        );
+        assert_eq!(
+            Store::parse("redis+sentinel://a:26379,b:26379/lease").unwrap(),
+            Store::Redis("redis+sentinel://a:26379,b:26379/lease".into())
         );
         assert_eq!(
             Store::parse("redlock://a:1,b:2,c:3").unwrap(),

@@ -3,13 +3,13 @@
 //! stops them on SIGINT or SIGTERM. The test suites start their own.
 //!
 //! ```text
-//! lease-clusters [--env-file PATH] [etcd3] [zk3] [redlock5]
+//! lease-clusters [--env-file PATH] [etcd3] [zk3] [redlock5] [sentinel]
 //! ```
 
 use std::io::Write as _;
 use std::time::Instant;
 
-use lease_testkit::cluster::{EtcdCluster, RedisNodes, Topology, ZkEnsemble};
+use lease_testkit::cluster::{EtcdCluster, RedisNodes, RedisSentinel, Topology, ZkEnsemble};
 
 fn hosts(urls: &[String], scheme: &str) -> String {
     urls.iter()
@@ -41,17 +41,22 @@ async fn main() {
     while let Some(a) = args.next() {
         match a.as_str() {
             "--env-file" => env_file = args.next(),
-            "etcd3" | "zk3" | "redlock5" => wanted.push(a),
+            "etcd3" | "zk3" | "redlock5" | "sentinel" => wanted.push(a),
             other => {
                 eprintln!(
-                    "lease-clusters: unknown argument {other:?}; usage: lease-clusters [--env-file PATH] [etcd3] [zk3] [redlock5]"
+                    "lease-clusters: unknown argument {other:?}; usage: lease-clusters [--env-file PATH] [etcd3] [zk3] [redlock5] [sentinel]"
                 );
                 std::process::exit(2);
             }
         }
     }
     if wanted.is_empty() {
-        wanted = vec!["etcd3".into(), "zk3".into(), "redlock5".into()];
+        wanted = vec![
+            "etcd3".into(),
+            "zk3".into(),
+            "redlock5".into(),
+            "sentinel".into(),
+        ];
     }
     let mut env = String::new();
     let mut topologies: Vec<Box<dyn Topology>> = Vec::new();
@@ -75,6 +80,12 @@ async fn main() {
                 ));
                 describe(name, &e, started);
                 topologies.push(Box::new(e));
+            }
+            "sentinel" => {
+                let s = RedisSentinel::start(2, 3);
+                env.push_str(&format!("export LEASE_CLUSTER_SENTINEL_URL={}\n", s.url()));
+                describe(name, &s, started);
+                topologies.push(Box::new(s));
             }
             _ => {
                 let n = RedisNodes::start(5);

@@ -1,0 +1,192 @@
+//! One PostgreSQL server, or several of which one is the writable primary.
+//!
+//! `postgres://user@h1:p1,h2:p2/db` names a primary and its standbys in any
+//! order, as libpq's multi-host URLs do. Every new connection is checked
+//! with `SELECT pg_is_in_recovery()` (libpq's
+//! `target_session_attrs=read-write`): a standby, or a host that does not
+//! answer within the connect timeout, is passed over for the next. The host
+//! that answered as primary is tried first from then on. After a promotion,
+//! connections to the old primary fail (it is gone) or are refused writes
+//! (`25006`, it was demoted); either closes them, and the next connection
+//! finds the new primary.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use lease_api::{LeaseError, Result};
+use sqlx::postgres::{PgConnectOptions, PgConnection};
+use sqlx::{ConnectOptions, Row};
+
+#[derive(Debug)]
+pub(crate) struct Hosts {
+    options: Vec<PgConnectOptions>,
+    /// The host that last answered as the primary (tried first).
+    current: AtomicUsize,
+    connect_timeout: Duration,
+}
+
+/// Splits `postgres://user:pw@h1:p1,h2:p2/db?params` into one URL per host.
+/// A URL with one host comes back as it is.
+fn split_hosts(url: &str) -> Result<Vec<String>> {
+    let bad = |why: &str| {
+        LeaseError::Config(format!(
+            "invalid PostgreSQL URL ({why}); expected postgres://user[:password]@host[:port][,host[:port]...]/database"
+        ))
+    };
+    let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("no scheme"))?;
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((u, h)) => (format!("{u}@"), h),
+        None => (String::new(), authority),
+    };
+    if !hosts.contains(',') {
+        return Ok(vec![url.to_owned()]);
+    }
+    hosts
+        .split(',')
+        .map(|h| {
+            if h.trim().is_empty() {
+                Err(bad("an empty host in the host list"))
+            } else {
+                Ok(format!("{scheme}://{userinfo}{}{tail}", h.trim()))
+            }
+        })
+        .collect()
+}
+
+impl Hosts {
+    /// The hosts of `url`.
+    ///
+    /// # Errors
+    /// `Config` for a malformed URL.
+    pub(crate) fn parse(url: &str, connect_timeout: Duration) -> Result<Self> {
+        let options = split_hosts(url)?
+            .iter()
+            .map(|u| {
+                u.parse::<PgConnectOptions>().map_err(|e| {
+                    LeaseError::Config(format!(
+                        "invalid PostgreSQL URL ({e}); expected postgres://user[:password]@host[:port][,host[:port]...]/database"
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Hosts {
+            options,
+            current: AtomicUsize::new(0),
+            connect_timeout,
+        })
+    }
+
+    /// How many hosts.
+    pub(crate) fn len(&self) -> usize {
+        self.options.len()
+    }
+
+    /// More than one host: connections are checked for the primary.
+    pub(crate) fn is_multi(&self) -> bool {
+        self.options.len() > 1
+    }
+
+    /// The options of the host that last answered as the primary.
+    pub(crate) fn current(&self) -> PgConnectOptions {
+        let i = self.current.load(Ordering::Relaxed) % self.options.len();
+        self.options[i].clone()
+    }
+
+    /// How long one host may take to connect and answer.
+    pub(crate) fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// `host:port` of every host, comma-separated.
+    pub(crate) fn display(&self) -> String {
+        self.options
+            .iter()
+            .map(|o| format!("{}:{}", o.get_host(), o.get_port()))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// A new connection to the primary, made with `tweak`ed options. With
+    /// one host, a plain connection. With several, each host in turn from
+    /// the last primary, each bounded by the connect timeout; a host that
+    /// fails, or is a standby, moves the starting point past it before the
+    /// next is tried, so a caller cut short by its own deadline still makes
+    /// progress on its next call.
+    ///
+    /// # Errors
+    /// The last host's error; `25006`-like `Protocol` when every host that
+    /// answered is a standby.
+    pub(crate) async fn connect_primary(
+        &self,
+        tweak: impl Fn(PgConnectOptions) -> PgConnectOptions,
+    ) -> std::result::Result<PgConnection, sqlx::Error> {
+        if !self.is_multi() {
+            return tweak(self.current()).connect().await;
+        }
+        let n = self.options.len();
+        let mut last = None;
+        for _ in 0..n {
+            let i = self.current.load(Ordering::Relaxed) % n;
+            let attempt = async {
+                let mut conn = tweak(self.options[i].clone()).connect().await?;
+                let standby: bool = sqlx::query("SELECT pg_is_in_recovery()")
+                    .fetch_one(&mut conn)
+                    .await?
+                    .try_get(0)?;
+                Ok::<_, sqlx::Error>((conn, standby))
+            };
+            match tokio::time::timeout(self.connect_timeout, attempt).await {
+                Ok(Ok((conn, false))) => return Ok(conn),
+                Ok(Ok((_, true))) => {
+                    last = Some(sqlx::Error::Protocol(format!(
+                        "{}:{} is a standby (in recovery)",
+                        self.options[i].get_host(),
+                        self.options[i].get_port()
+                    )));
+                }
+                Ok(Err(e)) => last = Some(e),
+                Err(_) => {
+                    last = Some(sqlx::Error::Io(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!(
+                            "{}:{} did not answer within {:?}",
+                            self.options[i].get_host(),
+                            self.options[i].get_port(),
+                            self.connect_timeout
+                        ),
+                    )));
+                }
+            }
+            let _ =
+                self.current
+                    .compare_exchange(i, (i + 1) % n, Ordering::Relaxed, Ordering::Relaxed);
+        }
+        Err(last.unwrap_or(sqlx::Error::PoolClosed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_url_per_host_with_credentials_path_and_parameters() {
+        assert_eq!(
+            split_hosts("postgres://u:p@a:1,b:2/db?sslmode=disable").unwrap(),
+            [
+                "postgres://u:p@a:1/db?sslmode=disable",
+                "postgres://u:p@b:2/db?sslmode=disable"
+            ]
+        );
+        assert_eq!(
+            split_hosts("postgres://a:1/db").unwrap(),
+            ["postgres://a:1/db"]
+        );
+        assert!(split_hosts("postgres://a:1,,b/db").is_err());
+        let h = Hosts::parse("postgres://u@a:1,b:2/db", Duration::from_secs(1)).unwrap();
+        assert!(h.is_multi());
+        assert_eq!(h.display(), "a:1,b:2");
+    }
+}

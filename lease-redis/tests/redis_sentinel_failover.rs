@@ -1,0 +1,187 @@
+//! Failover of a Redis primary with two replicas under three Sentinels (each
+//! test starts its own): the primary is killed (kill -9) and Sentinel
+//! promotes a replica. Replication is asynchronous, so what makes tokens
+//! keep growing is that acquires and extends wait for a replica (WAIT); these
+//! tests show it holds, that it is what holds (without it a token repeats,
+//! as the capabilities then declare), and that nothing is handed out while
+//! no replica acknowledges.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lease_api::{FailoverTokens, FencingToken, LeaseKey, LeaseProvider};
+use lease_conformance::failover::leader_loss;
+use lease_redis::{RedisConfig, RedisProvider};
+use lease_testkit::cluster::{RedisSentinel, Topology};
+use lease_testkit::{unique, until_ok};
+
+fn provider(url: &str, ns: &str) -> RedisProvider {
+    RedisProvider::new(
+        RedisConfig::new(url)
+            .namespace(ns)
+            .timeouts(Duration::from_millis(500), Duration::from_millis(500)),
+    )
+    .unwrap()
+}
+
+async fn start() -> RedisSentinel {
+    tokio::task::spawn_blocking(|| RedisSentinel::start(2, 3))
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_primary_keeps_the_lease_the_waiter_and_the_token_order() {
+    let topology = start().await;
+    let ns = unique("failover");
+    let (holder, waiter): (Arc<dyn LeaseProvider>, Arc<dyn LeaseProvider>) = (
+        Arc::new(provider(&topology.url(), &ns)),
+        Arc::new(provider(&topology.url(), &ns)),
+    );
+    let topology = Arc::new(Mutex::new(topology));
+    let t = Arc::clone(&topology);
+    let run = leader_loss(holder, waiter, move || {
+        let mut t = t.lock().unwrap();
+        let primary = t.wait_leader(Duration::from_secs(10));
+        eprintln!("killing the primary, data node {primary}");
+        t.members_mut()[primary].kill();
+    })
+    .await
+    .unwrap_or_else(|e| panic!("Redis Sentinel failover: {e}"));
+    eprintln!("Redis Sentinel failover: {run:?}");
+    // The killed primary comes back on its own data, as a replica.
+    tokio::task::spawn_blocking(move || {
+        let mut t = topology.lock().unwrap();
+        let dead = t.members().iter().position(|m| !m.is_running()).unwrap();
+        t.members_mut()[dead].start_again();
+        t.wait_healthy(Duration::from_secs(60));
+    })
+    .await
+    .unwrap();
+}
+
+/// Kills the primary, thaws the replicas, and returns once `p` serves again
+/// (a fresh key acquired and released), with how long that took.
+async fn fail_over(t: &mut RedisSentinel, primary: usize, p: &RedisProvider) -> Duration {
+    t.members_mut()[primary].kill();
+    let lost = Instant::now();
+    for (i, m) in t.members().iter().enumerate() {
+        if i != primary {
+            m.thaw();
+        }
+    }
+    let fresh = LeaseKey::new(unique("after-failover")).unwrap();
+    let ttl = p.capabilities().practical_ttl(Duration::from_secs(4));
+    let lease = until_ok(|| p.try_acquire(&fresh, ttl))
+        .await
+        .into_lease()
+        .expect("a fresh key is free");
+    let took = lost.elapsed();
+    p.release(&lease).await.unwrap();
+    took
+}
+
+/// Tokens handed out on the primary alone while the replicas are cut off
+/// (frozen, their replication connections closed).
+/// With `wait=0` they are handed out and a failover issues one again, which
+/// the capabilities declare; with the default (one replica) the acquire and
+/// the extend are refused, the lease is given back at once, and after the
+/// failover every token exceeds every token handed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_replicas_frozen_nothing_is_handed_out_that_a_failover_could_reissue() {
+    let mut topology = start().await;
+    let ns = unique("unreplicated");
+    let p = provider(&topology.url(), &ns);
+    let other = provider(&topology.url(), &ns);
+    let caps = p.probe().await.unwrap();
+    assert!(
+        matches!(
+            caps.failover.as_ref().map(|f| &f.tokens),
+            Some(FailoverTokens::Increasing(_))
+        ),
+        "{caps:?}"
+    );
+    let ttl = caps.practical_ttl(Duration::from_secs(10));
+    let k = LeaseKey::new("counted").unwrap();
+    let mut handed_out = FencingToken(0);
+    for _ in 0..3 {
+        let lease = until_ok(|| p.try_acquire(&k, ttl))
+            .await
+            .into_lease()
+            .unwrap();
+        handed_out = handed_out.max(lease.token());
+        p.release(&lease).await.unwrap();
+    }
+    let hk = LeaseKey::new("held").unwrap();
+    let held = until_ok(|| p.try_acquire(&hk, ttl))
+        .await
+        .into_lease()
+        .unwrap();
+
+    let primary = topology.cut_replication();
+    let refused = p.try_acquire(&k, ttl).await;
+    assert!(
+        matches!(&refused, Err(e) if e.is_transient()),
+        "an acquire no replica acknowledged: {refused:?}"
+    );
+    let extend = p.extend(&held, ttl).await;
+    assert!(
+        matches!(&extend, Err(e) if e.is_transient()),
+        "an extend no replica acknowledged: {extend:?}"
+    );
+    // Given back: the key is free on the primary right away, not after its TTL.
+    assert_eq!(other.inspect(&k).await.unwrap(), None);
+
+    let took = fail_over(&mut topology, primary, &p).await;
+    eprintln!("serving again {took:?} after the primary was killed");
+    let again = until_ok(|| p.try_acquire(&k, ttl))
+        .await
+        .into_lease()
+        .expect("the key is free after the failover");
+    assert!(
+        again.token() > handed_out,
+        "token {} after the failover, {handed_out} handed out before",
+        again.token()
+    );
+}
+
+/// The same loss with `wait=0`: the capabilities say tokens may repeat, and
+/// they do; this is the hole that waiting for a replica closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_waiting_for_a_replica_a_failover_reissues_a_token_as_declared() {
+    let mut topology = start().await;
+    let url = format!("{}?wait=0", topology.url());
+    let p = provider(&url, &unique("wait0"));
+    let caps = p.probe().await.unwrap();
+    assert!(
+        matches!(
+            caps.failover.as_ref().map(|f| &f.tokens),
+            Some(FailoverTokens::MayRepeat(_))
+        ),
+        "{caps:?}"
+    );
+    let ttl = caps.practical_ttl(Duration::from_secs(10));
+    let k = LeaseKey::new("counted").unwrap();
+    let first = until_ok(|| p.try_acquire(&k, ttl))
+        .await
+        .into_lease()
+        .unwrap();
+    p.release(&first).await.unwrap();
+    // Both replicas have the release before they freeze.
+    topology.wait_replicated(Duration::from_secs(10));
+
+    let primary = topology.cut_replication();
+    let unreplicated = p.try_acquire(&k, ttl).await.unwrap().into_lease().unwrap();
+    assert!(unreplicated.token() > first.token());
+    fail_over(&mut topology, primary, &p).await;
+    let again = until_ok(|| p.try_acquire(&k, ttl))
+        .await
+        .into_lease()
+        .expect("the unreplicated lease is gone with the primary");
+    assert!(
+        again.token() <= unreplicated.token(),
+        "token {} after the failover did not repeat {} (the replicas had it after all?)",
+        again.token(),
+        unreplicated.token()
+    );
+}
