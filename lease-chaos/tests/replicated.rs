@@ -1,8 +1,9 @@
 //! Chaos on replicated stores: a 3-member etcd cluster, a 3-server
-//! ZooKeeper ensemble, 5 Redlock nodes and a Redis primary with 2 replicas
-//! under 3 Sentinels, each started for its cell. The nemesis kills and
+//! ZooKeeper ensemble, 5 Redlock nodes, a Redis primary with 2 replicas
+//! under 3 Sentinels and a Redis Cluster, each started for its cell. The nemesis kills and
 //! freezes the leader (for Redlock, a node; under Sentinel, the primary,
-//! which a freeze longer than down-after demotes) while a holder
+//! which a freeze longer than down-after demotes; in a Redis Cluster, the
+//! primary of slot 0's shard) while a holder
 //! holds, besides pausing, crashing and cutting off workers; the checker
 //! judges the history against what each backend declares.
 //!
@@ -13,7 +14,9 @@ use std::time::Duration;
 use clap::Parser;
 use lease_chaos::{Members, Report, RunArgs, run_with_members};
 use lease_testkit::TempDir;
-use lease_testkit::cluster::{EtcdCluster, RedisNodes, RedisSentinel, Topology, ZkEnsemble};
+use lease_testkit::cluster::{
+    EtcdCluster, RedisCluster, RedisNodes, RedisSentinel, Topology, ZkEnsemble,
+};
 
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -172,6 +175,19 @@ async fn redis_sentinel_holds_when_its_primary_is_killed_or_frozen() {
     let r = cell(
         || RedisSentinel::start(2, 3),
         RedisSentinel::url,
+        "leader-kill,leader-pause,pause,crash",
+    )
+    .await;
+    holds(&r);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_holds_when_a_primary_is_killed_or_frozen() {
+    // Two replicas per primary, so a shard keeps one after a failover. No
+    // partition: the cluster hands out its nodes' real addresses.
+    let r = cell(
+        || RedisCluster::start(3, 2),
+        RedisCluster::url,
         "leader-kill,leader-pause,pause,crash",
     )
     .await;

@@ -76,6 +76,20 @@
 //! bound follows from the Sentinels' `down-after-milliseconds`, read before
 //! the first call answers.
 //!
+//! ## Cluster
+//!
+//! `redis+cluster://[user:password@]n1:7000,n2:7001,...[?wait=N]` talks to a
+//! Redis Cluster; any nodes will do as seeds. A lease key, its fence counter
+//! and its tombstones share one hash tag, so they live in one slot and one
+//! script touches them all; a batched extend runs one script per lease,
+//! concurrently. Each acquire and extend waits for `wait` replicas of its
+//! shard (default 1), as under Sentinel. Releases are announced with a plain
+//! PUBLISH, which reaches every node, and the subscriber listens on any one
+//! (the next seed after a failure). The probe reads `cluster-node-timeout`
+//! and the replicas per shard; see `Capabilities::failover` for what that
+//! promises. `purge_namespaces` is refused on a cluster (SCAN covers one
+//! node).
+//!
 //! ## One node, Redlock, or another backend?
 //!
 //! - **One node** is the fastest choice and right when Redis is already a

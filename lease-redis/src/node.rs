@@ -10,7 +10,7 @@ use lease_api::{LeaseError, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, FromRedisValue, RedisError, Script, ServerErrorKind};
 
-use crate::sentinel::SentinelTarget;
+use crate::sentinel::{ClusterTarget, SentinelTarget};
 
 struct Subscription {
     /// Stopped when the subscription is dropped (replaced, or the provider gone).
@@ -37,10 +37,23 @@ pub(crate) struct Timeouts {
     pub response: Duration,
 }
 
-/// Where a node's server is: one fixed address, or the primary that the
-/// Sentinels name now.
+/// Where a node's server is: one fixed address, the primary that the
+/// Sentinels name now, or a Redis Cluster (the slot's primary, per key).
+/// One per node, made once: the size difference between variants is moot.
+#[allow(clippy::large_enum_variant)]
 enum Target {
     Fixed(redis::Client),
+    Cluster {
+        target: ClusterTarget,
+        client: redis::cluster::ClusterClient,
+        /// One client per seed node, for the release subscriber: a plain
+        /// PUBLISH reaches every node of a cluster, so any node will do.
+        seeds: Vec<redis::Client>,
+        /// The seed the next subscriber uses (moves on after each failure).
+        next_seed: std::sync::atomic::AtomicUsize,
+        /// Held while connecting, so concurrent first calls connect once.
+        connecting: tokio::sync::Mutex<()>,
+    },
     Sentinel {
         target: SentinelTarget,
         /// Held while the primary is looked up, so concurrent calls after a
@@ -49,10 +62,49 @@ enum Target {
     },
 }
 
-/// The connection in use: its client (for pub/sub) and its manager.
+/// A connection to one server, or to a cluster (which routes each command
+/// by its first key's slot, and a pipeline by its first keyed command).
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for Conn {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// The connection in use: its client (for pub/sub) and its connection.
 struct Current {
     client: redis::Client,
-    manager: ConnectionManager,
+    conn: Conn,
 }
 
 pub(crate) struct Node {
@@ -160,7 +212,37 @@ fn is_tls_failure(e: &(dyn std::error::Error + 'static)) -> bool {
 
 impl Node {
     pub(crate) fn new(url: &str, timeouts: Timeouts) -> Result<Self> {
-        let (display, target) = if SentinelTarget::is_sentinel_url(url) {
+        let (display, target) = if ClusterTarget::is_cluster_url(url) {
+            let target = ClusterTarget::parse(url)?;
+            let display = crate::sentinel::describe(url);
+            let seeds = target
+                .seed_urls()
+                .iter()
+                .map(|u| open_client(u, &describe(u)))
+                .collect::<Result<Vec<_>>>()?;
+            let client = redis::cluster::ClusterClient::builder(
+                target.seed_urls().iter().map(String::as_str),
+            )
+            .connection_timeout(timeouts.connect)
+            .response_timeout(timeouts.response)
+            .retries(2)
+            .min_retry_wait(50)
+            .max_retry_wait(500)
+            .build()
+            .map_err(|e| {
+                LeaseError::Config(format!("invalid Redis Cluster URL {display:?}: {e}"))
+            })?;
+            (
+                display,
+                Target::Cluster {
+                    target,
+                    client,
+                    seeds,
+                    next_seed: std::sync::atomic::AtomicUsize::new(0),
+                    connecting: tokio::sync::Mutex::new(()),
+                },
+            )
+        } else if SentinelTarget::is_sentinel_url(url) {
             (
                 crate::sentinel::describe(url),
                 Target::Sentinel {
@@ -197,23 +279,72 @@ impl Node {
     pub(crate) fn sentinel(&self) -> Option<&SentinelTarget> {
         match &self.target {
             Target::Sentinel { target, .. } => Some(target),
-            Target::Fixed(_) => None,
+            _ => None,
         }
     }
 
-    fn cached(&self) -> Option<(redis::Client, ConnectionManager)> {
+    /// True for a Redis Cluster.
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self.target, Target::Cluster { .. })
+    }
+
+    /// How many replicas must acknowledge each acquire and extend: the
+    /// URL's `wait` under Sentinel and on a Cluster, none on one server.
+    pub(crate) fn wait_replicas(&self) -> u32 {
+        match &self.target {
+            Target::Sentinel { target, .. } => target.wait_replicas,
+            Target::Cluster { target, .. } => target.wait_replicas,
+            Target::Fixed(_) => 0,
+        }
+    }
+
+    /// Whether a failure to reach the server should drop the connection so
+    /// the next call finds the server again (Sentinel, Cluster).
+    fn follows_failovers(&self) -> bool {
+        !matches!(self.target, Target::Fixed(_))
+    }
+
+    fn cached(&self) -> Option<(redis::Client, Conn)> {
         let slot = self.current.lock().unwrap_or_else(|p| p.into_inner());
-        slot.as_ref().map(|c| (c.client.clone(), c.manager.clone()))
+        slot.as_ref().map(|c| (c.client.clone(), c.conn.clone()))
     }
 
     /// The connection in use, made (and, under Sentinel, the primary looked
     /// up) when there is none.
-    async fn connection(&self) -> Result<(redis::Client, ConnectionManager)> {
+    async fn connection(&self) -> Result<(redis::Client, Conn)> {
         if let Some(c) = self.cached() {
             return Ok(c);
         }
         let client = match &self.target {
             Target::Fixed(client) => client.clone(),
+            Target::Cluster {
+                client,
+                seeds,
+                next_seed,
+                connecting,
+                ..
+            } => {
+                let _one = connecting.lock().await;
+                if let Some(c) = self.cached() {
+                    return Ok(c);
+                }
+                let limit = self.timeouts.connect + self.timeouts.response;
+                let conn = lease_api::backend::bounded(
+                    "connecting to the cluster",
+                    limit,
+                    client.get_async_connection(),
+                    |e| self.map_err(e),
+                )
+                .await?;
+                let seed = next_seed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let pubsub = seeds[seed % seeds.len()].clone();
+                let mut slot = self.current.lock().unwrap_or_else(|p| p.into_inner());
+                let current = slot.get_or_insert(Current {
+                    client: pubsub,
+                    conn: Conn::Cluster(conn),
+                });
+                return Ok((current.client.clone(), current.conn.clone()));
+            }
             Target::Sentinel { target, resolving } => {
                 let _one = resolving.lock().await;
                 if let Some(c) = self.cached() {
@@ -239,8 +370,11 @@ impl Node {
                 ))
             })?;
         let mut slot = self.current.lock().unwrap_or_else(|p| p.into_inner());
-        let current = slot.get_or_insert(Current { client, manager });
-        Ok((current.client.clone(), current.manager.clone()))
+        let current = slot.get_or_insert(Current {
+            client,
+            conn: Conn::Single(manager),
+        });
+        Ok((current.client.clone(), current.conn.clone()))
     }
 
     /// After a timeout (or, under Sentinel, any failure to reach the
@@ -264,7 +398,7 @@ impl Node {
             Err(LeaseError::Timeout { .. }) => self.forget_connection(),
             // A primary that is gone or was demoted (READONLY) is "unavailable":
             // under Sentinel the next call looks for the new one.
-            Err(LeaseError::Unavailable { .. }) if self.sentinel().is_some() => {
+            Err(LeaseError::Unavailable { .. }) if self.follows_failovers() => {
                 self.forget_connection();
             }
             _ => {}
@@ -303,14 +437,18 @@ impl Node {
                 e,
             );
         }
-        // "Loading", "try again", "cluster down", "master down" and "read only"
-        // (a replica after failover) pass with time; NOPERM, WRONGTYPE, a bad
+        // "Loading", "try again", "cluster down", "master down", "read only"
+        // (a replica after failover) and a slot that moved (a cluster whose
+        // map we hold is stale; the next connection reads it again) pass with
+        // time; NOPERM, WRONGTYPE, a bad
         // password or a script error do not, and stay `Backend`.
         let busy = matches!(
             e.kind(),
             ErrorKind::Server(
                 ServerErrorKind::BusyLoading
                     | ServerErrorKind::TryAgain
+                    | ServerErrorKind::Moved
+                    | ServerErrorKind::Ask
                     | ServerErrorKind::ClusterDown
                     | ServerErrorKind::MasterDown
                     | ServerErrorKind::ReadOnly
@@ -450,6 +588,13 @@ impl Node {
     /// Deletes every key matching the glob `pattern` (SCAN, then UNLINK in
     /// batches). Returns how many were deleted.
     pub(crate) async fn delete_matching(&self, pattern: &str) -> Result<u64> {
+        if self.is_cluster() {
+            return Err(LeaseError::Config(format!(
+                "{}: purging namespaces is not supported on a Redis Cluster (SCAN covers one node); \
+                 purge on each primary with a redis:// URL",
+                self.display
+            )));
+        }
         let mut cursor: u64 = 0;
         let mut deleted = 0;
         loop {
@@ -495,15 +640,48 @@ impl Node {
             return Ok(());
         }
         let limit = self.timeouts.connect + self.timeouts.response;
-        let (client, _) = self.connection().await?;
-        let setup = async {
-            let pubsub = client.get_async_pubsub().await?;
-            let (mut sink, stream) = pubsub.split();
-            sink.subscribe(channel).await?;
-            Ok::<_, RedisError>((sink, stream))
+        // On a cluster, any node: a plain PUBLISH reaches every node. Each
+        // subscription starts at the next seed, and tries them all.
+        let clients = match &self.target {
+            Target::Cluster {
+                seeds, next_seed, ..
+            } => {
+                let first = next_seed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                (0..seeds.len())
+                    .map(|i| seeds[(first + i) % seeds.len()].clone())
+                    .collect()
+            }
+            _ => vec![self.connection().await?.0],
         };
-        let (sink, mut stream) =
-            lease_api::backend::bounded("subscribing", limit, setup, |e| self.map_err(e)).await?;
+        let mut last = None;
+        let mut subscribed = None;
+        for client in clients {
+            let setup = async {
+                let pubsub = client.get_async_pubsub().await?;
+                let (mut sink, stream) = pubsub.split();
+                sink.subscribe(channel).await?;
+                Ok::<_, RedisError>((sink, stream))
+            };
+            match lease_api::backend::bounded("subscribing", limit, setup, |e| self.map_err(e))
+                .await
+            {
+                Ok(s) => {
+                    subscribed = Some(s);
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        let (sink, mut stream) = match (subscribed, last) {
+            (Some(s), _) => s,
+            (None, Some(e)) => return Err(e),
+            (None, None) => {
+                return Err(LeaseError::Config(format!(
+                    "{}: no node to subscribe to",
+                    self.display
+                )));
+            }
+        };
         let hub = Arc::clone(hub);
         let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
         let flag = Arc::clone(&alive);

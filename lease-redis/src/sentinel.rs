@@ -1,5 +1,5 @@
-//! Redis under Sentinel: finding the primary, and what Sentinel says about
-//! its failovers.
+//! Redis under Sentinel (finding the primary, and what Sentinel says about
+//! its failovers) and Redis Cluster URLs.
 //!
 //! `redis+sentinel://[user:password@]host:port,host:port,.../<master-name>[/<db>][?wait=N]`
 //! names the Sentinels and the monitored master. The credentials are the data
@@ -241,9 +241,96 @@ impl SentinelTarget {
     }
 }
 
+/// A parsed `redis+cluster://` URL: the seed nodes and the credentials.
+#[derive(Debug)]
+pub(crate) struct ClusterTarget {
+    seeds: Vec<String>,
+    /// How many replicas must acknowledge each acquire and extend.
+    pub(crate) wait_replicas: u32,
+}
+
+fn bad_cluster(url: &str, why: &str) -> LeaseError {
+    LeaseError::Config(format!(
+        "invalid Redis Cluster URL {:?}: {why}; expected redis+cluster://[user:password@]host:port,host:port,...[?wait=N]",
+        describe(url)
+    ))
+}
+
+impl ClusterTarget {
+    /// True for the URLs this handles.
+    pub(crate) fn is_cluster_url(url: &str) -> bool {
+        url.get(..16)
+            .is_some_and(|s| s.eq_ignore_ascii_case("redis+cluster://"))
+    }
+
+    pub(crate) fn parse(url: &str) -> Result<Self> {
+        let rest = url
+            .get(16..)
+            .filter(|_| Self::is_cluster_url(url))
+            .ok_or_else(|| bad_cluster(url, "the scheme must be redis+cluster://"))?;
+        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+        if !path.is_empty() && path != "0" {
+            return Err(bad_cluster(url, "a cluster has database 0 only"));
+        }
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((u, h)) => (format!("{u}@"), h),
+            None => (String::new(), authority),
+        };
+        let mut seeds = Vec::new();
+        for h in hosts.split(',') {
+            let h = h.trim();
+            match h.rsplit_once(':') {
+                Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
+                    seeds.push(format!("redis://{userinfo}{h}"));
+                }
+                _ => return Err(bad_cluster(url, &format!("{h:?} is not host:port"))),
+            }
+        }
+        let mut wait_replicas = DEFAULT_WAIT_REPLICAS;
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some(("wait", n)) => {
+                    wait_replicas = n.parse().map_err(|_| {
+                        bad_cluster(url, &format!("wait={n:?} is not a replica count"))
+                    })?;
+                }
+                _ => return Err(bad_cluster(url, &format!("unknown parameter {pair:?}"))),
+            }
+        }
+        Ok(ClusterTarget {
+            seeds,
+            wait_replicas,
+        })
+    }
+
+    /// `redis://[user:password@]host:port` of each seed node.
+    pub(crate) fn seed_urls(&self) -> &[String] {
+        &self.seeds
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parses_cluster_seeds_credentials_and_wait() {
+        let t = ClusterTarget::parse("redis+cluster://u:p@a:1,b:2?wait=0").unwrap();
+        assert_eq!(t.seed_urls(), ["redis://u:p@a:1", "redis://u:p@b:2"]);
+        assert_eq!(t.wait_replicas, 0);
+        let d = ClusterTarget::parse("redis+cluster://a:1/").unwrap();
+        assert_eq!(d.wait_replicas, DEFAULT_WAIT_REPLICAS);
+        for bad in [
+            "redis+cluster://a",
+            "redis+cluster://a:1/3",
+            "redis+cluster://a:1,,b:2",
+            "redis+cluster://a:1?x=1",
+            "redis://a:1",
+        ] {
+            assert!(ClusterTarget::parse(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn parses_hosts_master_db_credentials_and_wait() {

@@ -121,15 +121,50 @@ pub(crate) fn base_capabilities(backend: &'static str, clock: ExpiryClock) -> Ca
         ))
 }
 
-/// The capabilities of a Sentinel-monitored primary whose acquires and
-/// extends wait for `wait_replicas` replicas, when Sentinel declares a
-/// primary down after `down_after` and a failed call takes `call`.
-fn sentinel_capabilities(wait_replicas: u32, down_after: Duration, call: Duration) -> Capabilities {
+/// What a Cluster failover keeps, when each acquire and extend waits for
+/// `wait` replicas and every primary has at least `replicas` (`None`:
+/// unknown). A replica is elected after a delay that grows with its rank by
+/// replication offset, so the most up-to-date one usually asks for votes
+/// first, but a slow one can lose the race: tokens keep growing for sure
+/// only when every replica has acknowledged them. A lease survives when the
+/// promoted replica still has `wait` replicas of its own to acknowledge
+/// the renewals.
+fn cluster_failover(wait: u32, replicas: Option<u32>, recovery: Duration) -> Option<Failover> {
+    let tokens = match replicas {
+        Some(r) if wait > 0 && wait >= r => FailoverTokens::Increasing(format!(
+            "each token is acknowledged by every replica of its shard ({r}, WAIT) before it is returned, so whichever \
+             replica is elected has it"
+        )),
+        Some(r) => FailoverTokens::MayRepeat(format!(
+            "each token waits for {wait} of the {r} replica(s) of its shard; a replica that has not acknowledged \
+             it can win the election when the most up-to-date one is slow to ask for votes"
+        )),
+        None => FailoverTokens::MayRepeat("the replicas per shard could not be read".into()),
+    };
+    let survives = wait > 0 && replicas.is_some_and(|r| r > wait);
+    Some(Failover::new(tokens, survives, recovery))
+}
+
+/// Redis Cluster's own default `cluster-node-timeout`, used until a node
+/// answered.
+const CLUSTER_DEFAULT_NODE_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The capabilities of a replicated Redis (under Sentinel, or a Cluster)
+/// whose acquires and extends wait for `wait_replicas` replicas, when a
+/// lost primary is noticed within `detection` and a failed call takes
+/// `call`.
+fn replicated_capabilities(
+    backend: &'static str,
+    wait_replicas: u32,
+    detection: Duration,
+    call: Duration,
+) -> Capabilities {
     let tokens = if wait_replicas > 0 {
         FailoverTokens::Increasing(format!(
             "each token and each lease expiry is acknowledged by {wait_replicas} replica(s) (WAIT) before it is \
-             returned, and Sentinel promotes the replica with the most replicated data; a token repeats only if \
-             every replica that acknowledged it is lost or cut off from the Sentinels at the same failover"
+             returned, and the replica with the most replicated data is promoted (Sentinel picks it; in a Cluster \
+             it asks for votes first); a token repeats only if every replica that acknowledged it is lost or cut \
+             off at the same failover"
         ))
     } else {
         FailoverTokens::MayRepeat(
@@ -138,16 +173,14 @@ fn sentinel_capabilities(wait_replicas: u32, down_after: Duration, call: Duratio
                 .into(),
         )
     };
-    base_capabilities("redis-sentinel", ExpiryClock::StoreServer).with_failover(Some(
-        Failover::new(
-            tokens,
-            wait_replicas > 0,
-            // Sentinel's failure detection, its vote and the promotion, then
-            // one failed call before the provider asks the Sentinels again and
-            // one to find the new primary.
-            down_after + crate::sentinel::ELECTION_AND_PROMOTION + call * 2,
-        ),
-    ))
+    base_capabilities(backend, ExpiryClock::StoreServer).with_failover(Some(Failover::new(
+        tokens,
+        wait_replicas > 0,
+        // Failure detection, the vote and the promotion, then one failed
+        // call before the provider looks for the new primary and one to
+        // find it.
+        detection + crate::sentinel::ELECTION_AND_PROMOTION + call * 2,
+    )))
 }
 
 /// Reads `appendonly` and `appendfsync` to say whether fence counters survive
@@ -201,8 +234,8 @@ struct Inner {
     /// extend before it counts (0: none, a single server).
     wait_replicas: u32,
     allow_eviction: bool,
-    /// Under Sentinel, the first call waits for the probe: the failover
-    /// declaration depends on the Sentinels' down-after-milliseconds.
+    /// Under Sentinel or on a Cluster, the first call waits for the probe:
+    /// the failover declaration depends on the live settings.
     sentinel_probed: tokio::sync::OnceCell<()>,
     /// The eviction check, made once before the first acquire.
     eviction_checked: tokio::sync::OnceCell<()>,
@@ -251,14 +284,27 @@ impl RedisProvider {
             },
         )?;
         let ns_encoded = encode(&config.namespace);
-        let wait_replicas = node.sentinel().map_or(0, |t| t.wait_replicas);
-        let base = match node.sentinel() {
-            Some(_) => sentinel_capabilities(
+        let wait_replicas = node.wait_replicas();
+        let call = config.connect_timeout + config.response_timeout;
+        let base = if node.sentinel().is_some() {
+            replicated_capabilities(
+                "redis-sentinel",
                 wait_replicas,
                 crate::sentinel::DEFAULT_DOWN_AFTER,
-                config.connect_timeout + config.response_timeout,
-            ),
-            None => base_capabilities("redis", ExpiryClock::StoreServer),
+                call,
+            )
+        } else if node.is_cluster() {
+            base_capabilities("redis-cluster", ExpiryClock::StoreServer).with_failover(
+                cluster_failover(
+                    wait_replicas,
+                    None,
+                    CLUSTER_DEFAULT_NODE_TIMEOUT * 2
+                        + crate::sentinel::ELECTION_AND_PROMOTION
+                        + call * 2,
+                ),
+            )
+        } else {
+            base_capabilities("redis", ExpiryClock::StoreServer)
         };
         Ok(RedisProvider {
             inner: Arc::new(Inner {
@@ -294,22 +340,43 @@ impl RedisProvider {
     pub async fn probe(&self) -> Result<Capabilities> {
         let _: String = self.inner.node.query(&redis::cmd("PING")).await?;
         let durable_tokens = probe_durability(&self.inner.node).await;
-        let Some(sentinel) = self.inner.node.sentinel() else {
+        let timeouts = self.inner.node.timeouts();
+        let call = timeouts.connect + timeouts.response;
+        let failover = if let Some(sentinel) = self.inner.node.sentinel() {
+            // Under Sentinel the failover bound follows from the live
+            // down-after-milliseconds of the monitored master.
+            let down_after = sentinel
+                .down_after(timeouts)
+                .await
+                .unwrap_or(crate::sentinel::DEFAULT_DOWN_AFTER);
+            replicated_capabilities("redis-sentinel", self.inner.wait_replicas, down_after, call)
+                .failover
+        } else if self.inner.node.is_cluster() {
+            // A replica is elected once the primary has been unreachable for
+            // cluster-node-timeout and the other primaries agreed, which
+            // takes up to about another node timeout of gossip.
+            let mut cmd = redis::cmd("CONFIG");
+            cmd.arg("GET").arg("cluster-node-timeout");
+            let node_timeout = match self.inner.node.query::<Value>(&cmd).await {
+                Ok(Value::Array(items)) => items
+                    .get(1)
+                    .and_then(|v| redis::from_redis_value_ref::<String>(v).ok()),
+                Ok(Value::Map(pairs)) => pairs
+                    .first()
+                    .and_then(|(_, v)| redis::from_redis_value_ref::<String>(v).ok()),
+                _ => None,
+            }
+            .and_then(|ms| ms.parse::<u64>().ok())
+            .map_or(CLUSTER_DEFAULT_NODE_TIMEOUT, Duration::from_millis);
+            let replicas = self.shard_replicas().await;
+            cluster_failover(
+                self.inner.wait_replicas,
+                replicas,
+                node_timeout * 2 + crate::sentinel::ELECTION_AND_PROMOTION + call * 2,
+            )
+        } else {
             return Ok(self.inner.caps.record(durable_tokens));
         };
-        // Under Sentinel the failover bound follows from the live
-        // down-after-milliseconds of the monitored master.
-        let timeouts = self.inner.node.timeouts();
-        let down_after = sentinel
-            .down_after(timeouts)
-            .await
-            .unwrap_or(crate::sentinel::DEFAULT_DOWN_AFTER);
-        let failover = sentinel_capabilities(
-            self.inner.wait_replicas,
-            down_after,
-            timeouts.connect + timeouts.response,
-        )
-        .failover;
         Ok(self.inner.caps.record_with(|c| {
             c.with_durable_tokens(durable_tokens)
                 .with_failover(failover)
@@ -320,7 +387,10 @@ impl RedisProvider {
     /// capabilities a caller reads after it carry the live failover bound.
     /// A probe that fails is tried again by the next call.
     async fn ready(&self) {
-        if self.inner.node.sentinel().is_some() {
+        if self.inner.node.wait_replicas() > 0
+            || self.inner.node.sentinel().is_some()
+            || self.inner.node.is_cluster()
+        {
             let _ = self
                 .inner
                 .sentinel_probed
@@ -368,6 +438,36 @@ impl RedisProvider {
             .get_or_try_init(|| check_eviction(&self.inner.node, self.inner.allow_eviction))
             .await
             .map(|_| ())
+    }
+
+    /// The fewest replicas any primary of a Cluster has (`CLUSTER NODES`,
+    /// failed nodes left out); `None` when the answer cannot be read.
+    async fn shard_replicas(&self) -> Option<u32> {
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("NODES");
+        let text: String = self.inner.node.query(&cmd).await.ok()?;
+        let mut primaries: Vec<(String, u32)> = Vec::new();
+        let mut replica_of = Vec::new();
+        for line in text.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (Some(id), Some(flags), Some(master)) = (f.first(), f.get(2), f.get(3)) else {
+                continue;
+            };
+            if flags.contains("fail") {
+                continue;
+            }
+            if flags.contains("master") {
+                primaries.push(((*id).to_owned(), 0));
+            } else if flags.contains("slave") {
+                replica_of.push((*master).to_owned());
+            }
+        }
+        for m in replica_of {
+            if let Some(p) = primaries.iter_mut().find(|(id, _)| *id == m) {
+                p.1 += 1;
+            }
+        }
+        primaries.iter().map(|(_, n)| *n).min()
     }
 
     /// An acquire or extend that fewer replicas acknowledged than required.
@@ -594,8 +694,26 @@ impl LeaseProvider for RedisProvider {
         }
     }
 
-    /// One script call for the whole batch, compare-owner per key.
+    /// One script call for the whole batch, compare-owner per key; on a
+    /// Cluster one per lease, all at once, since a script touches one slot.
     async fn extend_many(&self, leases: &[Lease]) -> Result<Vec<Result<Lease>>> {
+        if self.inner.node.is_cluster() {
+            // One script may touch one slot only: each lease on its own,
+            // all at once (the cluster pipelines them per node).
+            let done =
+                futures_util::future::join_all(leases.iter().map(|l| self.extend(l, l.ttl())))
+                    .await;
+            if let Some(e) = done.iter().find_map(|r| match r {
+                Err(e) if e.is_transient() => Some(e.to_string()),
+                _ => None,
+            }) {
+                return Err(LeaseError::unavailable(
+                    format!("a batched extend on {}", self.inner.node.display),
+                    std::io::Error::other(e),
+                ));
+            }
+            return Ok(done);
+        }
         let batch = ExtendBatch::new(self.capabilities(), leases, |k| self.keys(k).0);
         let sent_at = Instant::now();
         let done: Vec<i64> = if batch.is_empty() {

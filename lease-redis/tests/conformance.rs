@@ -1,7 +1,8 @@
 //! The whole conformance suite against one real Redis and against three
 //! independent Redis nodes (Redlock), from `scripts/stores`, and against five
-//! Redlock nodes and a Sentinel-monitored primary with two replicas started
-//! for this binary alone.
+//! Redlock nodes, a Sentinel-monitored primary with two replicas and a
+//! Redis Cluster of three primaries with a replica each, started for this
+//! binary alone.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -10,7 +11,7 @@ use async_trait::async_trait;
 use lease_api::{LeaseError, LeaseProvider};
 use lease_conformance::{ProviderFactory, conformance_tests};
 use lease_redis::{RedisConfig, RedisProvider, RedlockConfig, RedlockProvider};
-use lease_testkit::cluster::{RedisNodes, RedisSentinel};
+use lease_testkit::cluster::{RedisCluster, RedisNodes, RedisSentinel};
 use lease_testkit::store_url;
 
 /// A loopback port nothing listens on.
@@ -35,6 +36,8 @@ impl ProviderFactory for RedisFactory {
     async fn unreachable(&self) -> Result<Arc<dyn LeaseProvider>, LeaseError> {
         let down = if self.0.starts_with("redis+sentinel://") {
             "redis+sentinel://127.0.0.1:1,127.0.0.1:2/lease"
+        } else if self.0.starts_with("redis+cluster://") {
+            "redis+cluster://127.0.0.1:1,127.0.0.1:2"
         } else {
             DOWN_URL
         };
@@ -96,3 +99,12 @@ fn sentinel() -> &'static RedisSentinel {
 }
 
 conformance_tests!(redis_sentinel_conformance, RedisFactory(sentinel().url()));
+
+/// Three primaries with a replica each, started for this binary alone;
+/// every acquire and extend waits for the slot's replica (the default).
+fn cluster() -> &'static RedisCluster {
+    static TOPOLOGY: OnceLock<RedisCluster> = OnceLock::new();
+    TOPOLOGY.get_or_init(|| RedisCluster::start(3, 1))
+}
+
+conformance_tests!(redis_cluster_conformance, RedisFactory(cluster().url()));

@@ -9,7 +9,8 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// The store URL forms this crate understands.
 pub const URL_FORMS: &str = "memory://, redis://host:port[/db], rediss://...[?ca=/path/ca.pem], \
-redis+sentinel://host1:port,host2:port/<master-name>[/db][?wait=N], redlock://host1:port,host2:port,host3:port, postgres://user@host/db[?lease_table=schema.table], \
+redis+sentinel://host1:port,host2:port/<master-name>[/db][?wait=N], \
+redis+cluster://host1:port,host2:port[?wait=N], redlock://host1:port,host2:port,host3:port, postgres://user@host/db[?lease_table=schema.table], \
 etcd://host1:port[,host2:port] (etcds:// for TLS), zk://host1:port[,host2:port][/chroot], \
 sqlite:///path/to/leases.db";
 
@@ -21,7 +22,8 @@ pub enum Store {
     /// process shares one store (it cannot coordinate two processes).
     Memory,
     /// `redis://` or `rediss://`: one Redis server; `redis+sentinel://`: the
-    /// primary that Sentinel names, followed across failovers.
+    /// primary that Sentinel names, followed across failovers;
+    /// `redis+cluster://`: a Redis Cluster.
     Redis(String),
     /// `redlock://h1,h2,h3`: independent Redis nodes (as `redis://` URLs).
     Redlock(Vec<String>),
@@ -300,6 +302,14 @@ impl Store {
                     )));
                 }
                 Ok(Store::Memory)
+            }
+            "redis+cluster" => {
+                crate::urls::host_list(
+                    "redis+cluster",
+                    rest.split(['/', '?']).next().unwrap_or(rest),
+                    true,
+                )?;
+                Ok(Store::Redis(url.to_owned()))
             }
             "redis+sentinel" => {
                 if !rest.contains('/') {
@@ -875,6 +885,11 @@ mod tests {
             Store::parse("rediss://h:6380").unwrap(),
             Store::Redis("rediss://h:6380".into())
         );
+        assert_eq!(
+            Store::parse("redis+cluster://a:7000,b:7001?wait=1").unwrap(),
+            Store::Redis("redis+cluster://a:7000,b:7001?wait=1".into())
+        );
+        assert!(Store::parse("redis+cluster://").is_err());
         assert_eq!(
             Store::parse("redis+sentinel://a:26379,b:26379/lease").unwrap(),
             Store::Redis("redis+sentinel://a:26379,b:26379/lease".into())

@@ -3,13 +3,15 @@
 //! stops them on SIGINT or SIGTERM. The test suites start their own.
 //!
 //! ```text
-//! lease-clusters [--env-file PATH] [etcd3] [zk3] [redlock5] [sentinel]
+//! lease-clusters [--env-file PATH] [etcd3] [zk3] [redlock5] [sentinel] [redis-cluster]
 //! ```
 
 use std::io::Write as _;
 use std::time::Instant;
 
-use lease_testkit::cluster::{EtcdCluster, RedisNodes, RedisSentinel, Topology, ZkEnsemble};
+use lease_testkit::cluster::{
+    EtcdCluster, RedisCluster, RedisNodes, RedisSentinel, Topology, ZkEnsemble,
+};
 
 fn hosts(urls: &[String], scheme: &str) -> String {
     urls.iter()
@@ -41,10 +43,10 @@ async fn main() {
     while let Some(a) = args.next() {
         match a.as_str() {
             "--env-file" => env_file = args.next(),
-            "etcd3" | "zk3" | "redlock5" | "sentinel" => wanted.push(a),
+            "etcd3" | "zk3" | "redlock5" | "sentinel" | "redis-cluster" => wanted.push(a),
             other => {
                 eprintln!(
-                    "lease-clusters: unknown argument {other:?}; usage: lease-clusters [--env-file PATH] [etcd3] [zk3] [redlock5] [sentinel]"
+                    "lease-clusters: unknown argument {other:?}; usage: lease-clusters [--env-file PATH] [etcd3] [zk3] [redlock5] [sentinel] [redis-cluster]"
                 );
                 std::process::exit(2);
             }
@@ -56,6 +58,7 @@ async fn main() {
             "zk3".into(),
             "redlock5".into(),
             "sentinel".into(),
+            "redis-cluster".into(),
         ];
     }
     let mut env = String::new();
@@ -80,6 +83,15 @@ async fn main() {
                 ));
                 describe(name, &e, started);
                 topologies.push(Box::new(e));
+            }
+            "redis-cluster" => {
+                let c = RedisCluster::start(3, 1);
+                env.push_str(&format!(
+                    "export LEASE_CLUSTER_REDIS_CLUSTER_URL={}\n",
+                    c.url()
+                ));
+                describe(name, &c, started);
+                topologies.push(Box::new(c));
             }
             "sentinel" => {
                 let s = RedisSentinel::start(2, 3);
