@@ -3,8 +3,10 @@
 //! `postgres://user@h1:p1,h2:p2/db` names a primary and its standbys in any
 //! order, as libpq's multi-host URLs do. Every new connection is checked
 //! with `SELECT pg_is_in_recovery()` (libpq's
-//! `target_session_attrs=read-write`): a standby, or a host that does not
-//! answer within the connect timeout, is passed over for the next. The host
+//! `target_session_attrs=read-write`, which also passes over a primary made
+//! read-only): a standby, or a host that does not answer within the connect
+//! timeout, is passed over for the next, even when the caller's own
+//! deadline cuts the attempt short. The host
 //! that answered as primary is tried first from then on. After a promotion,
 //! connections to the old primary fail (it is gone) or are refused writes
 //! (`25006`, it was demoted); either closes them, and the next connection
@@ -23,6 +25,9 @@ pub(crate) struct Hosts {
     /// The host that last answered as the primary (tried first).
     current: AtomicUsize,
     connect_timeout: Duration,
+    /// How long a host may take before a caller that gives up on it moves
+    /// past it: the shorter of the connect and response timeouts.
+    patience: Duration,
 }
 
 /// Splits `postgres://user:pw@h1:p1,h2:p2/db?params` into one URL per host.
@@ -60,7 +65,11 @@ impl Hosts {
     ///
     /// # Errors
     /// `Config` for a malformed URL.
-    pub(crate) fn parse(url: &str, connect_timeout: Duration) -> Result<Self> {
+    pub(crate) fn parse(
+        url: &str,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> Result<Self> {
         let options = split_hosts(url)?
             .iter()
             .map(|u| {
@@ -75,6 +84,7 @@ impl Hosts {
             options,
             current: AtomicUsize::new(0),
             connect_timeout,
+            patience: connect_timeout.min(response_timeout),
         })
     }
 
@@ -129,16 +139,37 @@ impl Hosts {
         let mut last = None;
         for _ in 0..n {
             let i = self.current.load(Ordering::Relaxed) % n;
+            // Moves the starting point past this host unless it answers as
+            // the primary, also when the caller's own deadline drops this
+            // future mid-attempt after the host had time to answer (a
+            // black-holed host would otherwise stay first for ever).
+            let mut step = StepPast {
+                current: &self.current,
+                from: i,
+                n,
+                armed: true,
+                failed: false,
+                started: tokio::time::Instant::now(),
+                patience: self.patience,
+            };
             let attempt = async {
                 let mut conn = tweak(self.options[i].clone()).connect().await?;
-                let standby: bool = sqlx::query("SELECT pg_is_in_recovery()")
-                    .fetch_one(&mut conn)
-                    .await?
-                    .try_get(0)?;
+                // libpq's read-write test: a standby, or a primary made
+                // read-only (as switchovers and full disks do), is passed over.
+                let standby: bool = sqlx::query(
+                    "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool",
+                )
+                .fetch_one(&mut conn)
+                .await?
+                .try_get(0)?;
                 Ok::<_, sqlx::Error>((conn, standby))
             };
             match tokio::time::timeout(self.connect_timeout, attempt).await {
-                Ok(Ok((conn, false))) => return Ok(conn),
+                Ok(Ok((conn, false))) => {
+                    step.armed = false;
+                    self.current.store(i, Ordering::Relaxed);
+                    return Ok(conn);
+                }
                 Ok(Ok((_, true))) => {
                     last = Some(sqlx::Error::Protocol(format!(
                         "{}:{} is a standby (in recovery)",
@@ -159,11 +190,39 @@ impl Hosts {
                     )));
                 }
             }
-            let _ =
-                self.current
-                    .compare_exchange(i, (i + 1) % n, Ordering::Relaxed, Ordering::Relaxed);
+            step.failed = true;
+            drop(step);
         }
         Err(last.unwrap_or(sqlx::Error::PoolClosed))
+    }
+}
+
+/// Moves `current` from `from` to the next host when dropped armed, after
+/// the host failed or had half its `patience` to answer.
+struct StepPast<'a> {
+    current: &'a AtomicUsize,
+    from: usize,
+    n: usize,
+    armed: bool,
+    failed: bool,
+    started: tokio::time::Instant,
+    patience: Duration,
+}
+
+impl Drop for StepPast<'_> {
+    fn drop(&mut self) {
+        // Cut short by the caller: step past only a host that had long
+        // enough to answer (a good host whose turn came as the caller's
+        // deadline ran out keeps its place).
+        let gave_up_on_it = self.failed || self.started.elapsed() >= self.patience / 2;
+        if self.armed && gave_up_on_it {
+            let _ = self.current.compare_exchange(
+                self.from,
+                (self.from + 1) % self.n,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+        }
     }
 }
 
@@ -185,7 +244,12 @@ mod tests {
             ["postgres://a:1/db"]
         );
         assert!(split_hosts("postgres://a:1,,b/db").is_err());
-        let h = Hosts::parse("postgres://u@a:1,b:2/db", Duration::from_secs(1)).unwrap();
+        let h = Hosts::parse(
+            "postgres://u@a:1,b:2/db",
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+        )
+        .unwrap();
         assert!(h.is_multi());
         assert_eq!(h.display(), "a:1,b:2");
     }

@@ -203,9 +203,14 @@ impl PostgresProvider {
         }
         // rustls needs its crypto provider chosen once per process (sslmode).
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let hosts = Arc::new(Hosts::parse(&config.url, config.connect_timeout)?);
+        let hosts = Arc::new(Hosts::parse(
+            &config.url,
+            config.connect_timeout,
+            config.response_timeout,
+        )?);
         let options = hosts.current();
         let display = format!("postgres://{}", hosts.display());
+        let multi = hosts.is_multi();
         let pool_options = PgPoolOptions::new()
             .max_connections(config.max_connections)
             .min_connections(0)
@@ -216,8 +221,38 @@ impl PostgresProvider {
             // been cut (a server restart, a proxy's idle timeout), so only
             // those are checked.
             .test_before_acquire(false)
-            .before_acquire(|conn, meta| {
+            .after_connect(move |conn, _| {
                 Box::pin(async move {
+                    if multi {
+                        // The pool's host may be a standby (the first host
+                        // listed, or the primary since demoted): refuse it.
+                        let off: bool = sqlx::query_scalar(
+                            "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool",
+                        )
+                        .fetch_one(&mut *conn)
+                        .await?;
+                        if off {
+                            return Err(sqlx::Error::Protocol(
+                                "the pool's host is a standby or read-only".into(),
+                            ));
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .before_acquire(move |conn, meta| {
+                Box::pin(async move {
+                    if multi {
+                        // With several hosts a pooled connection may sit on
+                        // a primary since demoted (or made read-only): such a
+                        // connection is closed instead of handed out.
+                        let off: bool = sqlx::query_scalar(
+                            "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool",
+                        )
+                        .fetch_one(&mut *conn)
+                        .await?;
+                        return Ok(!off);
+                    }
                     if meta.idle_for >= PING_IF_IDLE_FOR {
                         sqlx::Connection::ping(conn).await?;
                     }
@@ -417,6 +452,15 @@ impl PostgresProvider {
     /// # Errors
     /// `Unavailable` when the database cannot be reached.
     pub async fn probe(&self) -> Result<Capabilities> {
+        if self.inner.hosts.is_multi() {
+            // Find the primary before the pool is used: the first host
+            // listed may be a standby.
+            self.bounded(
+                "finding the primary",
+                self.inner.hosts.connect_primary(|o| o),
+            )
+            .await?;
+        }
         let row = self
             .bounded(
                 "the probe",

@@ -153,3 +153,80 @@ async fn with_an_asynchronous_standby_a_promotion_reissues_a_token_as_declared()
         unreplicated.token()
     );
 }
+
+/// The hosts in any order, and a primary that stops answering: a provider
+/// given the standby first passes over it, and one whose primary is frozen
+/// (SIGSTOP: connections accepted, never answered) moves to the promoted
+/// standby by itself, though each attempt on the frozen host is cut short
+/// by the call's own deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_listed_first_and_a_frozen_primary_are_passed_over() {
+    let ha = tokio::task::spawn_blocking(|| PostgresHa::start(true))
+        .await
+        .unwrap();
+    let primary = ha.wait_leader(Duration::from_secs(10));
+    let standby = 1 - primary;
+    let port = |i: usize| ha.members()[i].port();
+    let standby_first = format!(
+        "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/postgres",
+        port(standby),
+        port(primary)
+    );
+    let primary_first = format!(
+        "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/postgres",
+        port(primary),
+        port(standby)
+    );
+    let ns = unique("order");
+    let a = provider(&standby_first, &ns);
+    let caps = a.probe().await.unwrap();
+    assert!(
+        matches!(
+            caps.failover.as_ref().map(|f| &f.tokens),
+            Some(FailoverTokens::Increasing(_))
+        ),
+        "the probe ran on the primary: {caps:?}"
+    );
+    let k = LeaseKey::new("ordered").unwrap();
+    let ttl = caps.practical_ttl(Duration::from_secs(10));
+    let lease = a.try_acquire(&k, ttl).await.unwrap().into_lease().unwrap();
+    a.release(&lease).await.unwrap();
+
+    // Connections already open to the primary, and a connect timeout longer
+    // than the response timeout: each call's own deadline cuts the attempt
+    // on the frozen host short, so only stepping past a host on that
+    // cancellation gets anywhere.
+    let b = PostgresProvider::new(
+        PostgresConfig::new(&primary_first)
+            .namespace(&ns)
+            .timeouts(Duration::from_secs(5), Duration::from_secs(2)),
+    )
+    .unwrap();
+    let lease = b.try_acquire(&k, ttl).await.unwrap().into_lease().unwrap();
+    b.release(&lease).await.unwrap();
+    ha.members()[primary].freeze();
+    let ha = tokio::task::spawn_blocking(move || {
+        ha.promote(standby);
+        ha
+    })
+    .await
+    .unwrap();
+    // A call that reaches the frozen host times out (transient); the next
+    // ones must move on.
+    let started = std::time::Instant::now();
+    let again = loop {
+        match b.try_acquire(&k, ttl).await {
+            Ok(got) => break got.into_lease().unwrap(),
+            Err(e) if e.is_transient() && started.elapsed() < Duration::from_secs(30) => {
+                eprintln!("while the primary is frozen: {e}");
+            }
+            Err(e) => panic!("no recovery past the frozen primary: {e}"),
+        }
+    };
+    eprintln!(
+        "serving again {:?} after the promotion, past a frozen primary",
+        started.elapsed()
+    );
+    assert!(again.token() > lease.token());
+    ha.members()[primary].thaw();
+}

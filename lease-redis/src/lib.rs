@@ -71,10 +71,14 @@
 //! acknowledge within half the response timeout, the acquire is refused
 //! (`Unavailable`) and its lease given back, and the extend is refused, so
 //! the holder keeps counting on the previous, replicated expiry.
-//! `Capabilities::failover` declares tokens increasing, and leases
-//! surviving, with `wait` >= 1, and `MayRepeat` with `wait=0`; the recovery
-//! bound follows from the Sentinels' `down-after-milliseconds`, read before
-//! the first call answers.
+//! `Capabilities::failover` declares tokens increasing only when `wait`
+//! covers every replica the primary has (the probe counts them): Sentinel
+//! ranks replicas by `replica-priority` before replication offset, and a
+//! failover while the old primary still runs can make a replica that
+//! acknowledged writes drop them in a full resync. With fewer it declares
+//! `MayRepeat`, and a lease survives when the promoted replica keeps `wait`
+//! replicas of its own. The recovery bound follows from the Sentinels'
+//! `down-after-milliseconds`, read before the first call answers.
 //!
 //! ## Cluster
 //!

@@ -379,7 +379,7 @@ impl Node {
 
     /// After a timeout (or, under Sentinel, any failure to reach the
     /// server): the next call gets a fresh connection.
-    fn forget_connection(&self) {
+    pub(crate) fn forget_connection(&self) {
         *self.current.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 

@@ -121,66 +121,60 @@ pub(crate) fn base_capabilities(backend: &'static str, clock: ExpiryClock) -> Ca
         ))
 }
 
-/// What a Cluster failover keeps, when each acquire and extend waits for
-/// `wait` replicas and every primary has at least `replicas` (`None`:
-/// unknown). A replica is elected after a delay that grows with its rank by
-/// replication offset, so the most up-to-date one usually asks for votes
-/// first, but a slow one can lose the race: tokens keep growing for sure
-/// only when every replica has acknowledged them. A lease survives when the
-/// promoted replica still has `wait` replicas of its own to acknowledge
-/// the renewals.
-fn cluster_failover(wait: u32, replicas: Option<u32>, recovery: Duration) -> Option<Failover> {
-    let tokens = match replicas {
-        Some(r) if wait > 0 && wait >= r => FailoverTokens::Increasing(format!(
-            "each token is acknowledged by every replica of its shard ({r}, WAIT) before it is returned, so whichever \
-             replica is elected has it"
-        )),
-        Some(r) => FailoverTokens::MayRepeat(format!(
-            "each token waits for {wait} of the {r} replica(s) of its shard; a replica that has not acknowledged \
-             it can win the election when the most up-to-date one is slow to ask for votes"
-        )),
-        None => FailoverTokens::MayRepeat("the replicas per shard could not be read".into()),
-    };
-    let survives = wait > 0 && replicas.is_some_and(|r| r > wait);
-    Some(Failover::new(tokens, survives, recovery))
-}
-
 /// Redis Cluster's own default `cluster-node-timeout`, used until a node
 /// answered.
 const CLUSTER_DEFAULT_NODE_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// The capabilities of a replicated Redis (under Sentinel, or a Cluster)
-/// whose acquires and extends wait for `wait_replicas` replicas, when a
-/// lost primary is noticed within `detection` and a failed call takes
-/// `call`.
+/// The base capabilities of a replicated Redis (under Sentinel, or a
+/// Cluster), with the failover declaration of [`replica_failover`] for
+/// replicas not yet counted.
 fn replicated_capabilities(
     backend: &'static str,
     wait_replicas: u32,
     detection: Duration,
     call: Duration,
 ) -> Capabilities {
-    let tokens = if wait_replicas > 0 {
-        FailoverTokens::Increasing(format!(
-            "each token and each lease expiry is acknowledged by {wait_replicas} replica(s) (WAIT) before it is \
-             returned, and the replica with the most replicated data is promoted (Sentinel picks it; in a Cluster \
-             it asks for votes first); a token repeats only if every replica that acknowledged it is lost or cut \
-             off at the same failover"
-        ))
-    } else {
-        FailoverTokens::MayRepeat(
-            "wait=0: replication is asynchronous, so a promoted replica may lack the last counter \
-             increments and leases"
-                .into(),
-        )
-    };
-    base_capabilities(backend, ExpiryClock::StoreServer).with_failover(Some(Failover::new(
-        tokens,
-        wait_replicas > 0,
+    base_capabilities(backend, ExpiryClock::StoreServer).with_failover(replica_failover(
+        wait_replicas,
+        None,
         // Failure detection, the vote and the promotion, then one failed
         // call before the provider looks for the new primary and one to
         // find it.
         detection + crate::sentinel::ELECTION_AND_PROMOTION + call * 2,
-    )))
+    ))
+}
+
+/// What a failover keeps when each acquire and extend waits for `wait`
+/// replicas and the primary (every shard's, in a Cluster) has at least
+/// `replicas` (`None`: not counted yet).
+///
+/// Tokens keep growing for sure only when every replica has acknowledged
+/// them: Sentinel ranks replicas by `replica-priority` before replication
+/// offset, a Cluster elects by a vote whose rank delay favours, but does not
+/// guarantee, the most up-to-date replica, and in a planned failover or a
+/// partition a replica that acknowledged writes on the old primary drops them
+/// in a full resync. A lease survives when the promoted replica still has
+/// `wait` replicas of its own to acknowledge the renewals.
+fn replica_failover(wait: u32, replicas: Option<u32>, recovery: Duration) -> Option<Failover> {
+    let tokens = match replicas {
+        _ if wait == 0 => FailoverTokens::MayRepeat(
+            "wait=0: replication is asynchronous, so a promoted replica may lack the last counter \
+             increments and leases"
+                .into(),
+        ),
+        Some(r) if wait >= r => FailoverTokens::Increasing(format!(
+            "each token is acknowledged by every replica ({r}, WAIT) before it is returned, so whichever \
+             replica is promoted has it"
+        )),
+        Some(r) => FailoverTokens::MayRepeat(format!(
+            "each token waits for {wait} of {r} replicas: a replica that did not acknowledge it can be \
+             promoted (a lower replica-priority, a lost election race, or a failover while the old primary \
+             still runs); wait={r} closes this at the price of refusing writes until a lost replica returns"
+        )),
+        None => FailoverTokens::MayRepeat("the replicas have not been counted yet".into()),
+    };
+    let survives = wait > 0 && replicas.is_some_and(|r| r > wait);
+    Some(Failover::new(tokens, survives, recovery))
 }
 
 /// Reads `appendonly` and `appendfsync` to say whether fence counters survive
@@ -294,14 +288,11 @@ impl RedisProvider {
                 call,
             )
         } else if node.is_cluster() {
-            base_capabilities("redis-cluster", ExpiryClock::StoreServer).with_failover(
-                cluster_failover(
-                    wait_replicas,
-                    None,
-                    CLUSTER_DEFAULT_NODE_TIMEOUT * 2
-                        + crate::sentinel::ELECTION_AND_PROMOTION
-                        + call * 2,
-                ),
+            replicated_capabilities(
+                "redis-cluster",
+                wait_replicas,
+                CLUSTER_DEFAULT_NODE_TIMEOUT * 2,
+                call,
             )
         } else {
             base_capabilities("redis", ExpiryClock::StoreServer)
@@ -349,8 +340,12 @@ impl RedisProvider {
                 .down_after(timeouts)
                 .await
                 .unwrap_or(crate::sentinel::DEFAULT_DOWN_AFTER);
-            replicated_capabilities("redis-sentinel", self.inner.wait_replicas, down_after, call)
-                .failover
+            let replicas = self.connected_replicas().await;
+            replica_failover(
+                self.inner.wait_replicas,
+                replicas,
+                down_after + crate::sentinel::ELECTION_AND_PROMOTION + call * 2,
+            )
         } else if self.inner.node.is_cluster() {
             // A replica is elected once the primary has been unreachable for
             // cluster-node-timeout and the other primaries agreed, which
@@ -369,7 +364,7 @@ impl RedisProvider {
             .and_then(|ms| ms.parse::<u64>().ok())
             .map_or(CLUSTER_DEFAULT_NODE_TIMEOUT, Duration::from_millis);
             let replicas = self.shard_replicas().await;
-            cluster_failover(
+            replica_failover(
                 self.inner.wait_replicas,
                 replicas,
                 node_timeout * 2 + crate::sentinel::ELECTION_AND_PROMOTION + call * 2,
@@ -440,6 +435,16 @@ impl RedisProvider {
             .map(|_| ())
     }
 
+    /// How many replicas the primary has now (`INFO replication`).
+    async fn connected_replicas(&self) -> Option<u32> {
+        let mut cmd = redis::cmd("INFO");
+        cmd.arg("replication");
+        let text: String = self.inner.node.query(&cmd).await.ok()?;
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix("connected_slaves:"))
+            .and_then(|n| n.parse().ok())
+    }
+
     /// The fewest replicas any primary of a Cluster has (`CLUSTER NODES`,
     /// failed nodes left out); `None` when the answer cannot be read.
     async fn shard_replicas(&self) -> Option<u32> {
@@ -472,6 +477,9 @@ impl RedisProvider {
 
     /// An acquire or extend that fewer replicas acknowledged than required.
     fn unreplicated(&self, acked: u32) -> LeaseError {
+        // A primary without its replicas may be one that was demoted while
+        // frozen and thawed since: the next call looks for the primary again.
+        self.inner.node.forget_connection();
         LeaseError::unavailable(
             format!(
                 "Redis at {}: {acked} of the {} replica(s) required acknowledged the write within {:?}",

@@ -82,16 +82,18 @@ async fn fail_over(t: &mut RedisSentinel, primary: usize, p: &RedisProvider) -> 
 }
 
 /// Tokens handed out on the primary alone while the replicas are cut off
-/// (frozen, their replication connections closed).
-/// With `wait=0` they are handed out and a failover issues one again, which
-/// the capabilities declare; with the default (one replica) the acquire and
-/// the extend are refused, the lease is given back at once, and after the
-/// failover every token exceeds every token handed out.
+/// (frozen, their replication connections closed). Waiting for both
+/// replicas (`wait=2`), tokens are declared increasing: the acquire and the
+/// extend are refused, the lease is given back at once, and after the
+/// failover every token exceeds every token handed out (read by a `wait=1`
+/// provider: the promoted replica has one replica left, so `wait=2` refuses
+/// writes until the lost node returns).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_replicas_frozen_nothing_is_handed_out_that_a_failover_could_reissue() {
     let mut topology = start().await;
     let ns = unique("unreplicated");
-    let p = provider(&topology.url(), &ns);
+    let p = provider(&format!("{}?wait=2", topology.url()), &ns);
+    let after = provider(&topology.url(), &ns);
     let other = provider(&topology.url(), &ns);
     let caps = p.probe().await.unwrap();
     assert!(
@@ -132,9 +134,9 @@ async fn with_the_replicas_frozen_nothing_is_handed_out_that_a_failover_could_re
     // Given back: the key is free on the primary right away, not after its TTL.
     assert_eq!(other.inspect(&k).await.unwrap(), None);
 
-    let took = fail_over(&mut topology, primary, &p).await;
+    let took = fail_over(&mut topology, primary, &after).await;
     eprintln!("serving again {took:?} after the primary was killed");
-    let again = until_ok(|| p.try_acquire(&k, ttl))
+    let again = until_ok(|| after.try_acquire(&k, ttl))
         .await
         .into_lease()
         .expect("the key is free after the failover");
