@@ -708,22 +708,16 @@ impl LeaseProvider for RedisProvider {
         if self.inner.node.is_cluster() {
             // One script may touch one slot only: each lease on its own,
             // all at once (the cluster pipelines them per node).
-            let done =
-                futures_util::future::join_all(leases.iter().map(|l| self.extend(l, l.ttl())))
-                    .await;
-            if let Some(e) = done.iter().find_map(|r| match r {
-                Err(e) if e.is_transient() => Some(e.to_string()),
-                _ => None,
-            }) {
-                return Err(LeaseError::unavailable(
-                    format!("a batched extend on {}", self.inner.node.display),
-                    std::io::Error::other(e),
-                ));
-            }
-            return Ok(done);
+            // Each answered on its own, as a batch of one would be.
+            return Ok(futures_util::future::join_all(
+                leases.iter().map(|l| self.extend(l, l.ttl())),
+            )
+            .await);
         }
         let batch = ExtendBatch::new(self.capabilities(), leases, |k| self.keys(k).0);
         let sent_at = Instant::now();
+        // How many replicas acknowledged, when too few.
+        let mut short = None;
         let done: Vec<i64> = if batch.is_empty() {
             Vec::new()
         } else {
@@ -738,7 +732,7 @@ impl LeaseProvider for RedisProvider {
                     .eval_replicated(&EXTEND_MANY, &keys, &args, wait)
                     .await?;
                 if acked < wait {
-                    return Err(self.unreplicated(acked));
+                    short = Some(acked);
                 }
                 done
             }
@@ -751,13 +745,15 @@ impl LeaseProvider for RedisProvider {
             )));
         }
         let mut done = done.into_iter();
-        Ok(batch.answer(leases, |lease, ttl| {
-            if done.next() == Some(1) {
-                Ok(lease.renewed(ttl, sent_at))
-            } else {
-                Err(LeaseError::lost(lease))
-            }
-        }))
+        // Each lease answered on its own: a lost one is lost, and an
+        // extension too few replicas acknowledged is not one yet.
+        Ok(
+            batch.answer(leases, |lease, ttl| match (done.next(), short) {
+                (Some(1), None) => Ok(lease.renewed(ttl, sent_at)),
+                (Some(1), Some(acked)) => Err(self.unreplicated(acked)),
+                _ => Err(LeaseError::lost(lease)),
+            }),
+        )
     }
 
     fn batch_limit(&self) -> usize {

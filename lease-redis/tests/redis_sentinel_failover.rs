@@ -131,6 +131,12 @@ async fn with_the_replicas_frozen_nothing_is_handed_out_that_a_failover_could_re
         matches!(&extend, Err(e) if e.is_transient()),
         "an extend no replica acknowledged: {extend:?}"
     );
+    // Batched (as sessions renew): answered per lease, not as a lost lease.
+    let batch = p.extend_many(std::slice::from_ref(&held)).await.unwrap();
+    assert!(
+        matches!(batch.as_slice(), [Err(e)] if e.is_transient()),
+        "a batched extend no replica acknowledged: {batch:?}"
+    );
     // Given back: the key is free on the primary right away, not after its TTL.
     assert_eq!(other.inspect(&k).await.unwrap(), None);
 

@@ -3,14 +3,14 @@
 //! stops them on SIGINT or SIGTERM. The test suites start their own.
 //!
 //! ```text
-//! lease-clusters [--env-file PATH] [etcd3] [zk3] [redlock5] [sentinel] [redis-cluster]
+//! lease-clusters [--env-file PATH] [etcd3] [zk3] [redlock5] [sentinel] [redis-cluster] [pg-ha]
 //! ```
 
 use std::io::Write as _;
 use std::time::Instant;
 
 use lease_testkit::cluster::{
-    EtcdCluster, RedisCluster, RedisNodes, RedisSentinel, Topology, ZkEnsemble,
+    EtcdCluster, PostgresHa, RedisCluster, RedisNodes, RedisSentinel, Topology, ZkEnsemble,
 };
 
 fn hosts(urls: &[String], scheme: &str) -> String {
@@ -43,10 +43,12 @@ async fn main() {
     while let Some(a) = args.next() {
         match a.as_str() {
             "--env-file" => env_file = args.next(),
-            "etcd3" | "zk3" | "redlock5" | "sentinel" | "redis-cluster" => wanted.push(a),
+            "etcd3" | "zk3" | "redlock5" | "sentinel" | "redis-cluster" | "pg-ha" => {
+                wanted.push(a);
+            }
             other => {
                 eprintln!(
-                    "lease-clusters: unknown argument {other:?}; usage: lease-clusters [--env-file PATH] [etcd3] [zk3] [redlock5] [sentinel] [redis-cluster]"
+                    "lease-clusters: unknown argument {other:?}; usage: lease-clusters [--env-file PATH] [etcd3] [zk3] [redlock5] [sentinel] [redis-cluster] [pg-ha]"
                 );
                 std::process::exit(2);
             }
@@ -59,6 +61,7 @@ async fn main() {
             "redlock5".into(),
             "sentinel".into(),
             "redis-cluster".into(),
+            "pg-ha".into(),
         ];
     }
     let mut env = String::new();
@@ -83,6 +86,15 @@ async fn main() {
                 ));
                 describe(name, &e, started);
                 topologies.push(Box::new(e));
+            }
+            "pg-ha" => {
+                let h = PostgresHa::start(true);
+                env.push_str(&format!(
+                    "export LEASE_CLUSTER_POSTGRES_HA_URL={}\n",
+                    h.url()
+                ));
+                describe(name, &h, started);
+                topologies.push(Box::new(h));
             }
             "redis-cluster" => {
                 let c = RedisCluster::start(3, 1);
