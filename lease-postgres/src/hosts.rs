@@ -16,8 +16,19 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lease_api::{LeaseError, Result};
+use sqlx::ConnectOptions;
 use sqlx::postgres::{PgConnectOptions, PgConnection};
-use sqlx::{ConnectOptions, Row};
+
+/// libpq's read-write test: false on a standby, and on a primary made
+/// read-only (as switchovers and full disks do).
+pub(crate) async fn is_writable(conn: &mut PgConnection) -> std::result::Result<bool, sqlx::Error> {
+    let read_only: bool = sqlx::query_scalar(
+        "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool",
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok(!read_only)
+}
 
 #[derive(Debug)]
 pub(crate) struct Hosts {
@@ -154,14 +165,7 @@ impl Hosts {
             };
             let attempt = async {
                 let mut conn = tweak(self.options[i].clone()).connect().await?;
-                // libpq's read-write test: a standby, or a primary made
-                // read-only (as switchovers and full disks do), is passed over.
-                let standby: bool = sqlx::query(
-                    "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool",
-                )
-                .fetch_one(&mut conn)
-                .await?
-                .try_get(0)?;
+                let standby = !is_writable(&mut conn).await?;
                 Ok::<_, sqlx::Error>((conn, standby))
             };
             match tokio::time::timeout(self.connect_timeout, attempt).await {

@@ -226,12 +226,7 @@ impl PostgresProvider {
                     if multi {
                         // The pool's host may be a standby (the first host
                         // listed, or the primary since demoted): refuse it.
-                        let off: bool = sqlx::query_scalar(
-                            "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool",
-                        )
-                        .fetch_one(&mut *conn)
-                        .await?;
-                        if off {
+                        if !crate::hosts::is_writable(conn).await? {
                             return Err(sqlx::Error::Protocol(
                                 "the pool's host is a standby or read-only".into(),
                             ));
@@ -246,12 +241,7 @@ impl PostgresProvider {
                         // With several hosts a pooled connection may sit on
                         // a primary since demoted (or made read-only): such a
                         // connection is closed instead of handed out.
-                        let off: bool = sqlx::query_scalar(
-                            "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool",
-                        )
-                        .fetch_one(&mut *conn)
-                        .await?;
-                        return Ok(!off);
+                        return crate::hosts::is_writable(conn).await;
                     }
                     if meta.idle_for >= PING_IF_IDLE_FOR {
                         sqlx::Connection::ping(conn).await?;

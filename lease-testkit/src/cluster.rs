@@ -101,6 +101,15 @@ pub trait Topology: Send + Sync {
     }
 }
 
+/// `127.0.0.1:P1,127.0.0.1:P2,...`: the ports of `processes` on loopback.
+fn loopback_hosts(processes: &[OwnedProcess]) -> String {
+    processes
+        .iter()
+        .map(|m| format!("127.0.0.1:{}", m.port()))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// Runs a command, returning its standard output when it succeeds.
 fn output(cmd: &mut Command) -> Option<String> {
     let out = cmd.output().ok()?;
@@ -291,11 +300,7 @@ impl ZkEnsemble {
 
     /// The connect string: `127.0.0.1:P1,127.0.0.1:P2,...`.
     pub fn connect_string(&self) -> String {
-        self.members
-            .iter()
-            .map(|m| format!("127.0.0.1:{}", m.port()))
-            .collect::<Vec<_>>()
-            .join(",")
+        loopback_hosts(&self.members)
     }
 
     /// The `Mode:` line of one server's `srvr` answer (`leader`, `follower`).
@@ -476,12 +481,10 @@ impl RedisSentinel {
 
     /// `redis+sentinel://127.0.0.1:P1,.../lease`, the provider's URL.
     pub fn url(&self) -> String {
-        let hosts: Vec<String> = self
-            .sentinels
-            .iter()
-            .map(|s| format!("127.0.0.1:{}", s.port()))
-            .collect();
-        format!("redis+sentinel://{}/{SENTINEL_MASTER}", hosts.join(","))
+        format!(
+            "redis+sentinel://{}/{SENTINEL_MASTER}",
+            loopback_hosts(&self.sentinels)
+        )
     }
 
     /// Waits until every replica has acknowledged the primary's whole
@@ -699,12 +702,10 @@ impl PostgresHa {
 
     /// `postgres://postgres@127.0.0.1:P1,127.0.0.1:P2/postgres`: every member.
     pub fn url(&self) -> String {
-        let hosts: Vec<String> = self
-            .members
-            .iter()
-            .map(|m| format!("127.0.0.1:{}", m.port()))
-            .collect();
-        format!("postgres://postgres@{}/postgres", hosts.join(","))
+        format!(
+            "postgres://postgres@{}/postgres",
+            loopback_hosts(&self.members)
+        )
     }
 
     /// Promotes member `i` (a standby) to primary and waits until it is one.
@@ -846,14 +847,11 @@ impl RedisCluster {
                 )
             })
             .collect();
-        let addrs: Vec<String> = members
-            .iter()
-            .map(|m| format!("127.0.0.1:{}", m.port()))
-            .collect();
+        let addrs = loopback_hosts(&members);
         let created = Command::new("redis-cli")
             .arg("--cluster")
             .arg("create")
-            .args(&addrs)
+            .args(addrs.split(','))
             .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdin(std::process::Stdio::null())
             .output()
@@ -871,12 +869,7 @@ impl RedisCluster {
 
     /// `redis+cluster://127.0.0.1:P1,...`: every node as a seed.
     pub fn url(&self) -> String {
-        let hosts: Vec<String> = self
-            .members
-            .iter()
-            .map(|m| format!("127.0.0.1:{}", m.port()))
-            .collect();
-        format!("redis+cluster://{}", hosts.join(","))
+        format!("redis+cluster://{}", loopback_hosts(&self.members))
     }
 
     /// The running node that serves `redis_key`'s slot as primary now.

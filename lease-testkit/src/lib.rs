@@ -729,20 +729,7 @@ pub(crate) fn postgres_standby(primary_port: u16, dir: TempDir) -> OwnedProcess 
     .iter()
     .map(|a| (*a).to_owned())
     .collect();
-    let mut p = OwnedProcess {
-        name: "postgres-standby".into(),
-        program: bindir.join("postgres"),
-        args,
-        port,
-        log: dir.path().join("postgres.log"),
-        child: None,
-        run_as: None,
-        stop_signal: "TERM",
-        dir,
-    }
-    .configured(run_as, "INT");
-    p.start_again();
-    p
+    postgres_server("postgres-standby", &bindir, args, port, dir, run_as)
 }
 
 /// initdb with `initdb_args`, then `configure(data dir)` (which returns extra
@@ -793,8 +780,21 @@ fn postgres_process(
         "fsync=on".into(),
     ];
     args.extend(configure(&data));
+    postgres_server("postgres", &bindir, args, port, dir, run_as)
+}
+
+/// Starts `postgres args...` (as `run_as`, stopped with SIGINT: a fast
+/// shutdown) and waits until it listens on `port`.
+fn postgres_server(
+    name: &str,
+    bindir: &Path,
+    args: Vec<String>,
+    port: u16,
+    dir: TempDir,
+    run_as: Option<(u32, u32)>,
+) -> OwnedProcess {
     let mut p = OwnedProcess {
-        name: "postgres".into(),
+        name: name.into(),
         program: bindir.join("postgres"),
         args,
         port,
