@@ -237,15 +237,17 @@ impl PostgresProvider {
             })
             .before_acquire(move |conn, meta| {
                 Box::pin(async move {
+                    if meta.idle_for < PING_IF_IDLE_FOR {
+                        return Ok(true);
+                    }
                     if multi {
-                        // With several hosts a pooled connection may sit on
-                        // a primary since demoted (or made read-only): such a
-                        // connection is closed instead of handed out.
+                        // In place of the ping, same one round trip: with
+                        // several hosts an idle pooled connection may sit on
+                        // a primary since demoted (or made read-only), and is
+                        // closed instead of handed out.
                         return crate::hosts::is_writable(conn).await;
                     }
-                    if meta.idle_for >= PING_IF_IDLE_FOR {
-                        sqlx::Connection::ping(conn).await?;
-                    }
+                    sqlx::Connection::ping(conn).await?;
                     Ok(true)
                 })
             });
