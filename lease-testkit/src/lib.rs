@@ -582,6 +582,21 @@ pub fn pg_bindir() -> PathBuf {
         .unwrap_or_else(|| panic!("PostgreSQL server programs not found; {HOW_TO_START}"))
 }
 
+/// Hands `dir` to the `postgres` user when running as root (the server
+/// programs refuse to run as root) and returns that user's uid and gid to
+/// run them as; `None` when not root.
+fn owned_by_postgres(dir: &Path) -> Option<(u32, u32)> {
+    let run_as = postgres_user();
+    if let Some((uid, gid)) = run_as {
+        let _ = Command::new("chown")
+            .arg("-R")
+            .arg(format!("{uid}:{gid}"))
+            .arg(dir)
+            .status();
+    }
+    run_as
+}
+
 /// The uid and gid of the `postgres` user when running as root (initdb refuses
 /// to run as root), else `None`.
 fn postgres_user() -> Option<(u32, u32)> {
@@ -687,14 +702,7 @@ pub(crate) fn postgres_primary(synchronous: bool) -> OwnedProcess {
 pub(crate) fn postgres_standby(primary_port: u16, dir: TempDir) -> OwnedProcess {
     let bindir = pg_bindir();
     let port = free_port();
-    let run_as = postgres_user();
-    if let Some((uid, gid)) = run_as {
-        let _ = Command::new("chown")
-            .arg("-R")
-            .arg(format!("{uid}:{gid}"))
-            .arg(dir.path())
-            .status();
-    }
+    let run_as = owned_by_postgres(dir.path());
     let data = dir.path().join("data");
     let mut backup = Command::new(bindir.join("pg_basebackup"));
     backup
@@ -741,14 +749,7 @@ fn postgres_process(
     let bindir = pg_bindir();
     let port = free_port();
     let dir = TempDir::new("lease-postgres");
-    let run_as = postgres_user();
-    if let Some((uid, gid)) = run_as {
-        let _ = Command::new("chown")
-            .arg("-R")
-            .arg(format!("{uid}:{gid}"))
-            .arg(dir.path())
-            .status();
-    }
+    let run_as = owned_by_postgres(dir.path());
     let data = dir.path().join("data");
     let mut initdb = Command::new(bindir.join("initdb"));
     initdb
