@@ -1004,6 +1004,15 @@ fn judge(
         && caps.expiry_clock.follows_wall_clock();
     let wiped =
         injected.contains_key(FaultKind::NodeWipe.name()) && !caps.durable_tokens.is_durable();
+    // A leader lost where the capabilities say a failover may hand a token
+    // out again (a Redis replica promoted without the last writes).
+    let reissued = (injected.contains_key(FaultKind::LeaderKill.name())
+        || injected.contains_key(FaultKind::LeaderPause.name()))
+        && caps
+            .failover
+            .as_ref()
+            .is_some_and(|f| matches!(f.tokens, lease::FailoverTokens::MayRepeat(_)));
+    let wiped_or_reissued = wiped || reissued;
     let mut found = Vec::new();
     if counts.grants == 0 {
         found.push(("no lease was ever granted".to_string(), false));
@@ -1014,7 +1023,7 @@ fn judge(
                 "{} times two workers held a lease they were entitled to trust at once ({:.0} ms)",
                 counts.validity_overlaps, counts.validity_overlap_ms
             ),
-            jumped || wiped,
+            jumped || wiped_or_reissued,
         ));
     }
     if counts.token_regressions > 0 {
@@ -1023,7 +1032,7 @@ fn judge(
                 "{} grants got a token not greater than an earlier grant's",
                 counts.token_regressions
             ),
-            wiped,
+            wiped_or_reissued,
         ));
     }
     if fenced && counts.stale_admitted > 0 {
@@ -1032,7 +1041,7 @@ fn judge(
                 "the fenced sink admitted {} stale writes",
                 counts.stale_admitted
             ),
-            wiped,
+            wiped_or_reissued,
         ));
     }
     if fenced && counts.duplicated_rounds > 0 {
@@ -1041,7 +1050,7 @@ fn judge(
                 "{} tokens were accepted from two grants",
                 counts.duplicated_rounds
             ),
-            wiped,
+            wiped_or_reissued,
         ));
     }
     if fenced && counts.ack_mismatches > 0 {
@@ -1060,15 +1069,19 @@ fn judge(
                 "{} writes of a valid holder were refused",
                 counts.lost_rounds
             ),
-            jumped || wiped,
+            jumped || wiped_or_reissued,
         ));
     }
-    let why = match (jumped, wiped) {
-        (true, _) => format!(
+    let why = match (jumped, wiped, reissued) {
+        (true, _, _) => format!(
             "expiry follows a wall clock ({:?}) and one jumped",
             caps.expiry_clock
         ),
-        (_, true) => format!("tokens are not durable ({:?})", caps.durable_tokens),
+        (_, true, _) => format!("tokens are not durable ({:?})", caps.durable_tokens),
+        (_, _, true) => format!(
+            "the leader was lost and a failover may reissue tokens ({:?})",
+            caps.failover.as_ref().map(|f| &f.tokens)
+        ),
         _ => String::new(),
     };
     let mut violations = Vec::new();
@@ -1166,6 +1179,39 @@ return n";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Token regressions after a lost leader are declared only where the
+    /// failover declaration says tokens may repeat.
+    #[test]
+    fn regressions_after_a_leader_fault_are_declared_only_for_may_repeat() {
+        let counts = Counts {
+            grants: 10,
+            token_regressions: 3,
+            ..Counts::default()
+        };
+        let injected: BTreeMap<String, u64> = [("leader-pause".to_string(), 1)].into();
+        let caps = |tokens| {
+            lease::Capabilities::new(
+                "x",
+                lease::ExpiryClock::StoreServer,
+                lease::Notifications::TimedRetryOnly,
+            )
+            .with_failover(Some(lease::Failover::new(
+                tokens,
+                true,
+                std::time::Duration::from_secs(5),
+            )))
+        };
+        let may = caps(lease::FailoverTokens::MayRepeat("m".into()));
+        let (violations, declared) = judge(&counts, &may, &injected, true);
+        assert!(violations.is_empty(), "{violations:?}");
+        assert_eq!(declared.len(), 1, "{declared:?}");
+        let inc = caps(lease::FailoverTokens::Increasing("i".into()));
+        let (violations, _) = judge(&counts, &inc, &injected, true);
+        assert_eq!(violations.len(), 1, "{violations:?}");
+        let (violations, _) = judge(&counts, &may, &BTreeMap::new(), true);
+        assert_eq!(violations.len(), 1, "no leader fault: {violations:?}");
+    }
 
     #[test]
     fn hosts_are_found_and_replaced() {
