@@ -660,28 +660,37 @@ async fn run_inner(
             flag.store(true, Ordering::SeqCst);
         })
     };
-    let over = |sink: &Sink| {
+    // The acquisitions target ends a run only once every fault asked for
+    // was injected (the deadline still ends it): a short run that found no
+    // holder to aim a fault at would otherwise judge nothing of it.
+    let wanted: Vec<&'static str> = args
+        .faults
+        .iter()
+        .filter(|k| **k != FaultKind::None)
+        .map(|k| k.name())
+        .collect();
+    let over = |sink: &Sink, injected: &BTreeMap<String, u64>| {
         tokio::time::Instant::now() >= deadline
-            || sink.grants() >= target
             || interrupted.load(Ordering::SeqCst)
+            || (sink.grants() >= target && wanted.iter().all(|k| injected.contains_key(*k)))
     };
     let mut faults: Vec<Fault> = Vec::new();
     let mut injected: BTreeMap<String, u64> = BTreeMap::new();
     let mut respawned = 0u64;
     let mut member_failures: Vec<String> = Vec::new();
     let mut cycle: Vec<FaultKind> = Vec::new();
-    while !over(&sink) {
+    while !over(&sink, &injected) {
         let gap = if args.faults.is_empty() {
             Duration::from_millis(100)
         } else {
             args.fault_every.mul_f64(rng.random_range(0.5..1.5))
         };
         let until = tokio::time::Instant::now() + gap;
-        while tokio::time::Instant::now() < until && !over(&sink) {
+        while tokio::time::Instant::now() < until && !over(&sink, &injected) {
             tokio::time::sleep(Duration::from_millis(20)).await;
             run.reap(&mut respawned)?;
         }
-        if over(&sink) || args.faults.is_empty() {
+        if over(&sink, &injected) || args.faults.is_empty() {
             continue;
         }
         // Each kind once per cycle, in a shuffled order: every kind is
@@ -697,10 +706,14 @@ async fn run_inner(
         let fault = match kind {
             FaultKind::None => continue,
             FaultKind::Pause | FaultKind::Crash | FaultKind::Partition => {
+                // No holder to aim at right now: the kind stays due and is
+                // tried again after the next gap.
                 let Some(victim) = pick_holder(&sink, ttl * 2).await else {
+                    cycle.push(kind);
                     continue;
                 };
                 let Some(pid) = run.pid(victim) else {
+                    cycle.push(kind);
                     continue;
                 };
                 let begin = mono_ns();

@@ -840,10 +840,16 @@ impl LeaseProvider for RedlockProvider {
                 // The lease ends when fewer than a majority still hold it.
                 same.sort_by_key(|s| std::cmp::Reverse(s.2));
                 let remaining = same[self.inner.quorum - 1].2;
-                let token = same
-                    .iter()
-                    .map(|(_, t, _, _)| *t)
-                    .max()
+                // The lease's token is what its majority stores (equal
+                // counters, or raised to the highest in a second step). A
+                // node that answered the acquire after the round closed may
+                // hold the same owner under its own, higher counter: it is
+                // not the holder's token.
+                let agreed = same.iter().map(|(_, t, _, _)| *t).find(|t| {
+                    same.iter().filter(|(_, u, _, _)| u == t).count() >= self.inner.quorum
+                });
+                let token = agreed
+                    .or_else(|| same.iter().map(|(_, t, _, _)| *t).max())
                     .unwrap_or(FencingToken(0));
                 let holder = same.iter().find_map(|(_, _, _, h)| h.clone());
                 return Ok(Some(LeaseInfo::new(token, remaining, Some(*owner), holder)));
