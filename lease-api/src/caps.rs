@@ -119,7 +119,11 @@ pub struct Capabilities {
     /// (ZooKeeper's ephemeral nodes): a crashed holder's key may then be free
     /// before its TTL. The value is the session timeout; providers keep local
     /// validity within it, so a holder cut off from the store learns of the loss
-    /// in time. `None`: leases end only by TTL or release.
+    /// in time. Zero (PostgreSQL's advisory-lock mode) declares that the store
+    /// may end a session without its holder's knowledge (a server restart, an
+    /// operator ending it) and free its keys at once: the holder learns at its
+    /// next renewal, and only fencing tokens order the two holders meanwhile.
+    /// `None`: leases end only by TTL or release.
     pub holder_session: Option<Duration>,
     /// How much longer than its TTL (plus [`expiry_slack`](Self::expiry_slack))
     /// an unrenewed lease may stay held when the store fails over, as a

@@ -102,6 +102,7 @@
 
 pub mod backend;
 mod caps;
+mod election;
 mod error;
 mod fence;
 mod guard;
@@ -113,6 +114,7 @@ mod memory;
 mod observe;
 mod provider;
 mod run;
+mod semaphore;
 mod session;
 mod time;
 
@@ -120,6 +122,7 @@ pub use caps::{
     Capabilities, DEFAULT_MAX_TTL, ExpiryClock, Failover, FailoverExtension, FailoverTokens,
     Notifications, TokenDurability,
 };
+pub use election::{Callbacks, Election, Leader, Leadership};
 pub use error::{BoxError, LeaseError, Result};
 pub use fence::{FenceGate, StaleToken};
 pub use guard::{GuardConfig, LeaseGuard, LostReason};
@@ -130,6 +133,7 @@ pub use memory::{DEFAULT_NAMESPACE, MemoryProvider, MemoryStore};
 pub use observe::Observed;
 pub use provider::{AcquireOptions, KeyWatch, LeaseProvider, MAX_BLIND_WAIT, SleepWatch, acquire};
 pub use run::{LeaseContext, RunOptions, RunOutcome, end_after_min_hold, run_with_lease};
+pub use semaphore::{MAX_PERMITS, Permit, Semaphore};
 pub use session::{LeaseSession, SessionConfig, SessionLease, SessionStats, SessionStore};
 pub use time::{deadline_after, deadline_in};
 pub use tokio_util::sync::CancellationToken;

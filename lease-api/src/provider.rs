@@ -372,7 +372,7 @@ where
 /// transient failure (a connection cut while subscribing) is retried soon,
 /// with backoff; a lasting one (a user without pub/sub permission) waits by
 /// the holder's TTL.
-async fn watch_or_fallback<P>(
+pub(crate) async fn watch_or_fallback<P>(
     provider: &Arc<P>,
     key: &LeaseKey,
     watch_retry: &mut Duration,
@@ -398,7 +398,7 @@ where
     }
 }
 
-async fn cancel_safe_try_acquire<P>(
+pub(crate) async fn cancel_safe_try_acquire<P>(
     provider: &Arc<P>,
     key: &LeaseKey,
     ttl: Duration,
@@ -419,10 +419,46 @@ where
             tracing::warn!(key = %lease.key(), error = %e, "could not release the lease of a dropped acquire");
         }
     });
-    match rx.await {
+    let mut pending = Pending {
+        rx: Some(rx),
+        provider: Arc::clone(provider),
+    };
+    let answer = match pending.rx.as_mut() {
+        Some(rx) => rx.await,
+        None => return Err(crate::LeaseError::protocol("no acquire in flight")),
+    };
+    pending.rx = None;
+    match answer {
         Ok(outcome) => outcome,
         Err(_) => Err(crate::LeaseError::protocol(
             "the acquire task ended without an answer (the runtime is shutting down)",
         )),
+    }
+}
+
+/// The answer of an acquire task not yet taken. Dropped with the caller's
+/// future, it closes the channel (so a later answer is released by the
+/// task) and releases an answer that arrived already: between the task's
+/// send and the caller's next poll, a won lease would otherwise sit in the
+/// channel, unreleased and unrenewed, until its TTL.
+struct Pending<P: LeaseProvider + ?Sized + 'static> {
+    rx: Option<tokio::sync::oneshot::Receiver<Result<TryAcquire>>>,
+    provider: Arc<P>,
+}
+
+impl<P: LeaseProvider + ?Sized + 'static> Drop for Pending<P> {
+    fn drop(&mut self) {
+        let Some(mut rx) = self.rx.take() else { return };
+        rx.close();
+        if let Ok(Ok(TryAcquire::Acquired(lease))) = rx.try_recv()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let p = Arc::clone(&self.provider);
+            runtime.spawn(async move {
+                if let Err(e) = p.release(&lease).await {
+                    tracing::warn!(key = %lease.key(), error = %e, "could not release the lease of a dropped acquire");
+                }
+            });
+        }
     }
 }

@@ -322,6 +322,9 @@ macro_rules! __case_list {
             session_renews_many_leases, "C16", "a session holds 40 leases across several TTLs with one renewal call per batch, and close releases them";
             session_key_lost_alone, "C16", "a key of a session ended in the store and taken over fires that lease's lost signal only";
             session_outage_fires_every_lease_by_validity, "C16", "when the session's store is cut off, every lease fires lost before its local validity ends";
+            semaphore_never_exceeds_permits, "C2", "32 contenders on a 4-permit semaphore: never more than 4 hold a permit at once, and each permit's tokens grow";
+            semaphore_permit_of_crashed_holder_returns, "C4", "the permits of a crashed holder come back when their leases expire, not before";
+            election_has_one_leader_and_followers_see_each_term, "C2", "3 campaigners lead 2 terms each: one leader at a time, a follower sees every term in token order, and a resignation hands over at once";
             session_release_keeps_the_others, "C16", "releasing one lease of a session frees its key and keeps the others held";
         }
     };
