@@ -5,6 +5,7 @@
 //! and SVG plots). CI runs `lease-bench --smoke` so it cannot rot.
 
 mod across;
+mod claims;
 #[cfg(feature = "peers")]
 mod peers;
 mod proxy;
@@ -68,6 +69,12 @@ struct Opts {
     /// backend (writes SESSIONS.md and sessions.json; see scripts/bench-sessions).
     #[arg(long)]
     sessions: bool,
+    /// Run only the database-claims section on PostgreSQL: the lease table
+    /// against advisory locks, a SKIP LOCKED job queue against a lease per
+    /// job, and once-per-slot claims (writes CLAIMS.md and claims.json; see
+    /// scripts/bench-claims).
+    #[arg(long)]
+    claims: bool,
     /// Leases per session (default 100000; 500 with --smoke).
     #[arg(long)]
     session_leases: Option<usize>,
@@ -849,6 +856,17 @@ async fn main() {
     };
     if opts.sessions {
         run_sessions(&opts).await;
+        return;
+    }
+    if opts.claims {
+        if let Err(e) = claims::run(&store_url("postgres"), opts.smoke, &opts.out).await {
+            eprintln!("lease-bench: claims: {e}");
+            std::process::exit(1);
+        }
+        eprintln!(
+            "lease-bench: wrote {}",
+            opts.out.join("CLAIMS.md").display()
+        );
         return;
     }
     if let (Some(spec), Some(json)) = (&opts.contend_child, &opts.child_json) {

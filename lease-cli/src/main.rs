@@ -99,7 +99,8 @@ The command runs in a process group of its own, under a supervisor: when the
 lease is lost, or `lease` gets SIGTERM, SIGINT or SIGHUP, the whole group gets
 SIGTERM, then SIGKILL after --grace. If `lease` itself dies (even kill -9) or
 stops renewing, the supervisor stops the group no later than the lease's local
-validity. Processes the command leaves in its group are killed when it exits.
+validity (at once, with SIGKILL, where the lease ends with the process's
+database session: PostgreSQL with lease_mode=advisory). Processes the command leaves in its group are killed when it exits.
 
 The command's environment gets LEASE_KEY, LEASE_HOLDER and LEASE_TOKEN (the
 fencing token: pass it to every write, e.g. UPDATE ... WHERE last_token <
@@ -112,7 +113,8 @@ Exit codes: the command's own; 64 usage; 69 store unavailable; 75 not acquired;
 
 Examples:
   lease --store redis://127.0.0.1:6379 run --key nightly-report --ttl 30s -- ./report.sh
-  lease --store postgres://app@db/app run --key cron-0400 --min-hold 5m --wait forever -- ./job.sh";
+  lease --store postgres://app@db/app run --key cron-0400 --min-hold 5m --wait forever -- ./job.sh
+  lease --store postgres://app@db/app run --key nightly --once-per \"$(date +%F)\" --wait 10m -- ./nightly.sh";
 
 #[derive(Subcommand)]
 enum Command {
@@ -134,6 +136,18 @@ enum Command {
         /// After SIGTERM, how long CMD gets before SIGKILL.
         #[arg(long, value_parser = duration, default_value = "10s")]
         grace: Duration,
+        /// Run CMD at most once per SLOT of KEY (PostgreSQL only), such as the
+        /// cron slot `2026-12-04T02:00`: once the lease is held, the slot is
+        /// claimed in the database, and only the one `lease run` that claims
+        /// it runs CMD; every other exits 75, whenever it comes. A claimed
+        /// slot stays claimed if CMD fails.
+        #[arg(long, value_name = "SLOT")]
+        once_per: Option<String>,
+        /// With --once-per: keep the slot's claim this long, counted from the
+        /// claim (then the slot can run again; make it longer than CMD can
+        /// take); default: forever.
+        #[arg(long, value_parser = duration, requires = "once_per")]
+        keep_claim: Option<Duration>,
         /// The command and its arguments, after `--`.
         #[arg(required = true, last = true)]
         cmd: Vec<String>,
@@ -222,6 +236,9 @@ enum Command {
         fd: i32,
         #[arg(long)]
         grace_ms: u64,
+        /// The grace when the holder dies; default: --grace-ms.
+        #[arg(long)]
+        gone_grace_ms: Option<u64>,
         #[arg(long)]
         valid_until_ns: u128,
         #[arg(required = true, last = true)]
@@ -429,11 +446,18 @@ fn main() -> ExitCode {
     if let Command::Supervise {
         fd,
         grace_ms,
+        gone_grace_ms,
         valid_until_ns,
         cmd,
     } = &cli.command
     {
-        return supervise::supervise(*fd, Duration::from_millis(*grace_ms), *valid_until_ns, cmd);
+        return supervise::supervise(
+            *fd,
+            Duration::from_millis(*grace_ms),
+            Duration::from_millis(gone_grace_ms.unwrap_or(*grace_ms)),
+            *valid_until_ns,
+            cmd,
+        );
     }
     if let Command::ChaosWorker(args) = &cli.command {
         let args = args.clone();
@@ -500,8 +524,11 @@ async fn async_main(cli: Cli) -> ExitCode {
             wait,
             min_hold,
             grace,
+            once_per,
+            keep_claim,
             cmd,
         } => {
+            let once = once_per.map(|slot| (slot, keep_claim));
             run(
                 &config,
                 &key,
@@ -509,6 +536,7 @@ async fn async_main(cli: Cli) -> ExitCode {
                 wait,
                 min_hold,
                 grace,
+                once,
                 &cmd,
             )
             .await
@@ -546,6 +574,61 @@ fn shared_store(config: &StoreConfig) -> Result<Arc<dyn LeaseProvider>, LeaseErr
     config.build()
 }
 
+/// The once-per-slot claims of the configured PostgreSQL store, in its
+/// namespace (and in the lease table's schema).
+fn once_claims(config: &StoreConfig) -> Result<lease::lease_postgres::OnceClaims, LeaseError> {
+    let Store::Postgres {
+        url, schema, table, ..
+    } = config.parsed()?
+    else {
+        return Err(LeaseError::Config(format!(
+            "--once-per claims slots in PostgreSQL; the store is {}",
+            config.parsed()?.kind()
+        )));
+    };
+    let provider = lease::lease_postgres::PostgresProvider::new(
+        lease::lease_postgres::PostgresConfig::new(url)
+            .namespace(&config.namespace)
+            .table(&schema, table)
+            .timeouts(config.connect_timeout, config.request_timeout),
+    )?;
+    lease::lease_postgres::OnceClaims::in_table(
+        &provider,
+        &schema,
+        lease::lease_postgres::CLAIMS_TABLE,
+    )
+}
+
+/// Claims `slot` of `key` once the lease is held: `Err` with the exit code
+/// and message when another run has it (or the claim failed).
+async fn claim_slot(
+    claims: &lease::lease_postgres::OnceClaims,
+    key: &LeaseKey,
+    slot: &str,
+    keep: Option<Duration>,
+) -> Result<lease::lease_postgres::OnceClaim, (u8, String)> {
+    match claims.claim_once(key.as_str(), slot, keep).await {
+        Ok(Some(claim)) => Ok(claim),
+        Ok(None) => {
+            let by = match claims.holder(key.as_str(), slot).await {
+                Ok(Some(h)) => format!(
+                    " by {} (token {}, {} ago)",
+                    h.holder.as_deref().unwrap_or("another run"),
+                    h.token,
+                    humantime::format_duration(Duration::from_secs(h.age.as_secs()))
+                ),
+                _ => String::new(),
+            };
+            Err((
+                EXIT_NOT_ACQUIRED,
+                format!("slot {slot:?} of {key} was claimed already{by}; not running"),
+            ))
+        }
+        Err(e) => Err((error_code(&e), describe(&e))),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn run(
     config: &StoreConfig,
     key: &str,
@@ -553,11 +636,16 @@ async fn run(
     wait: Duration,
     min_hold: Duration,
     grace: Duration,
+    once: Option<(String, Option<Duration>)>,
     cmd: &[String],
 ) -> ExitCode {
     if let Err((code, msg)) = check_runnable(&cmd[0]) {
         return fail(code, msg);
     }
+    let claims = match once.as_ref().map(|_| once_claims(config)).transpose() {
+        Ok(c) => c,
+        Err(e) => return fail(EXIT_USAGE, describe(&e)),
+    };
     let (provider, key) = match shared_store(config).and_then(|p| Ok((p, LeaseKey::new(key)?))) {
         Ok(v) => v,
         Err(e) => return fail(error_code(&e), describe(&e)),
@@ -580,6 +668,19 @@ async fn run(
         }
         Err(e) => return fail(error_code(&e), describe(&e)),
     };
+    // The slot is claimed under the lease, so a run still going from an
+    // earlier slot is never overlapped, and a run that finds the key held
+    // leaves the slot to the one that holds it.
+    let mut claimed = None;
+    if let (Some(claims), Some((slot, keep))) = (&claims, &once) {
+        match claim_slot(claims, &key, slot, *keep).await {
+            Ok(claim) => claimed = Some((claims, slot, claim)),
+            Err((code, msg)) => {
+                let _ = provider.release(&lease).await;
+                return fail(code, msg);
+            }
+        }
+    }
     let acquired_at = lease.sent_at();
     let token = lease.token();
     let guard = LeaseGuard::with_config(Arc::clone(&provider), lease, GuardConfig::default());
@@ -588,14 +689,31 @@ async fn run(
         ("LEASE_TOKEN", token.to_string()),
         ("LEASE_HOLDER", guard.lease().holder().to_owned()),
     ];
-    let mut supervisor =
-        match supervise::Supervisor::spawn(cmd, &env, grace, guard.lease().valid_until()) {
-            Ok(s) => s,
-            Err(e) => {
-                let _ = guard.release().await;
-                return fail(EXIT_USAGE, format!("cannot start {:?}: {e}", cmd[0]));
+    // Where the key is free the moment this process's session ends
+    // (PostgreSQL's advisory mode), the supervisor gives the command no
+    // grace when this process dies: SIGKILL at once, not at validity.
+    let grace_if_gone = if provider.capabilities().holder_session == Some(Duration::ZERO) {
+        Duration::ZERO
+    } else {
+        grace
+    };
+    let mut supervisor = match supervise::Supervisor::spawn(
+        cmd,
+        &env,
+        grace,
+        grace_if_gone,
+        guard.lease().valid_until(),
+    ) {
+        Ok(s) => s,
+        Err(e) => {
+            // Nothing ran: the slot is not used up.
+            if let Some((claims, slot, claim)) = &claimed {
+                let _ = claims.unclaim(key.as_str(), slot, claim).await;
             }
-        };
+            let _ = guard.release().await;
+            return fail(EXIT_USAGE, format!("cannot start {:?}: {e}", cmd[0]));
+        }
+    };
     // Tell the supervisor until when the lease is surely held, soon after each
     // renewal: within a tenth of the validity window.
     let window = guard.lease().valid_until() - guard.lease().sent_at();

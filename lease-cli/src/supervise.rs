@@ -82,10 +82,13 @@ pub struct Supervisor {
 impl Supervisor {
     /// Starts `lease supervise` for `cmd` with `env`, in a process group of
     /// its own; `valid_for` is how long the lease is surely held from now.
+    /// `gone_grace` is the grace when the holder dies (zero where the lease
+    /// ends with the holder's process).
     pub fn spawn(
         cmd: &[String],
         env: &[(&str, String)],
         grace: Duration,
+        gone_grace: Duration,
         valid_until: tokio::time::Instant,
     ) -> std::io::Result<Self> {
         // The read end is inherited by the supervisor; the write end stays
@@ -100,6 +103,8 @@ impl Supervisor {
             .arg(read.as_raw_fd().to_string())
             .arg("--grace-ms")
             .arg(grace.as_millis().to_string())
+            .arg("--gone-grace-ms")
+            .arg(gone_grace.as_millis().to_string())
             .arg("--valid-until-ns")
             .arg(deadline_of(valid_until).to_string())
             .arg("--")
@@ -338,7 +343,13 @@ fn sweep(group: Pid, limit: Duration) {
 
 /// The supervisor's side (`lease supervise`): runs `cmd` in a new process
 /// group and enforces what the holder said, or the holder's disappearance.
-pub fn supervise(fd: i32, grace: Duration, valid_until_ns: u128, cmd: &[String]) -> ExitCode {
+pub fn supervise(
+    fd: i32,
+    grace: Duration,
+    gone_grace: Duration,
+    valid_until_ns: u128,
+    cmd: &[String],
+) -> ExitCode {
     // The inherited read end, opened again through /proc (no unsafe fd
     // adoption); the inherited descriptor itself is a read end and harmless.
     let pipe = match std::fs::File::open(format!("/proc/self/fd/{fd}")) {
@@ -429,7 +440,8 @@ pub fn supervise(fd: i32, grace: Duration, valid_until_ns: u128, cmd: &[String])
         match rx.recv_timeout(wait) {
             Ok(Event::Valid(ns)) => valid_until = ns,
             Ok(Event::Stop(g)) => stop(&mut grace_until, g),
-            Ok(Event::HolderGone | Event::Signal) => stop(&mut grace_until, grace),
+            Ok(Event::HolderGone) => stop(&mut grace_until, gone_grace),
+            Ok(Event::Signal) => stop(&mut grace_until, grace),
             Ok(Event::Exited(code)) => {
                 // The lease ends with the command: nothing it left behind may
                 // keep running without it, in its group or out of it.

@@ -1299,3 +1299,148 @@ fn chaos_runs_workers_against_the_store_and_judges_them() {
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("memory://"));
 }
+
+/// `--once-per`: of six runs racing for one slot, one runs the command and
+/// the rest exit 75, whenever they come; the next slot runs again; a kept
+/// claim ends after --keep-claim.
+#[test]
+fn once_per_slot_runs_the_command_once() {
+    let store = shared("postgres");
+    let key = unique("cli-once");
+    let dir = TempDir::new("lease-cli");
+    let log = dir.path().join("runs");
+    let script = format!("echo ran >> {}", log.display());
+    let once = |slot: &str, extra: &[&str]| {
+        let mut args = vec!["--once-per", slot, "--wait", "30s"];
+        args.extend_from_slice(extra);
+        run_args(&store, &key, "10s", &args, &["sh", "-c", &script])
+    };
+    let racers: Vec<Child> = (0..6)
+        .map(|_| {
+            let mut c = once("2026-12-04T02:00", &[]);
+            c.stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut codes = Vec::new();
+    for child in racers {
+        let out = child.wait_with_output().unwrap();
+        let code = out.status.code();
+        if code == Some(NOT_ACQUIRED) {
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains("claimed already"), "{err}");
+        }
+        codes.push(code);
+    }
+    let ran = |n: usize| {
+        let runs = std::fs::read_to_string(&log).unwrap_or_default();
+        assert_eq!(runs.lines().count(), n, "{codes:?}");
+    };
+    ran(1);
+    assert_eq!(
+        codes.iter().filter(|c| **c == Some(0)).count(),
+        1,
+        "{codes:?}"
+    );
+    assert_eq!(
+        codes.iter().filter(|c| **c == Some(NOT_ACQUIRED)).count(),
+        5,
+        "{codes:?}"
+    );
+    // Later, the same slot still does not run; the next one does.
+    assert_eq!(
+        output(once("2026-12-04T02:00", &[])).status.code(),
+        Some(NOT_ACQUIRED)
+    );
+    assert_eq!(output(once("2026-12-05T02:00", &[])).status.code(), Some(0));
+    ran(2);
+    // A claim kept for a second: the slot runs again after it.
+    assert_eq!(
+        output(once("hourly", &["--keep-claim", "1s"]))
+            .status
+            .code(),
+        Some(0)
+    );
+    assert_eq!(
+        output(once("hourly", &["--keep-claim", "1s"]))
+            .status
+            .code(),
+        Some(NOT_ACQUIRED)
+    );
+    std::thread::sleep(Duration::from_millis(1200));
+    assert_eq!(
+        output(once("hourly", &["--keep-claim", "1s"]))
+            .status
+            .code(),
+        Some(0)
+    );
+    ran(4);
+    // Other stores have no slot claims; --keep-claim alone is a usage error.
+    let redis = output(run_args(
+        &shared("redis"),
+        &key,
+        "10s",
+        &["--once-per", "x"],
+        &["true"],
+    ));
+    assert_eq!(redis.status.code(), Some(64), "{redis:?}");
+    assert!(String::from_utf8_lossy(&redis.stderr).contains("PostgreSQL"));
+    let alone = output(run_args(
+        &store,
+        &key,
+        "10s",
+        &["--keep-claim", "1s"],
+        &["true"],
+    ));
+    assert_eq!(alone.status.code(), Some(64), "{alone:?}");
+}
+
+/// PostgreSQL's advisory mode: when `lease run` is killed (kill -9), its
+/// database session ends and the key is free at once, not after the 60 s
+/// TTL; the supervisor kills the command as soon as `lease` is gone, so the
+/// next run's command never overlaps it.
+#[test]
+fn advisory_lease_of_a_killed_run_is_free_at_once_and_its_command_is_gone() {
+    let store = format!("{}?lease_mode=advisory", shared("postgres"));
+    let key = unique("cli-advisory");
+    let dir = TempDir::new("lease-cli");
+    let pidfile = dir.path().join("pid");
+    // The command ignores SIGTERM: only a SIGKILL stops it in time.
+    let script = format!(
+        "trap '' TERM; echo $$ > {}; exec sleep 60",
+        pidfile.display()
+    );
+    let mut first = run_args(&store, &key, "60s", &[], &["sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let command_pid = wait_for_file(&pidfile, Duration::from_secs(20));
+    let command_pid = command_pid.trim().to_owned();
+    assert!(alive(&command_pid));
+    let held = output({
+        let mut c = lease();
+        c.args(["--store", &store, "status", "--key", &key]);
+        c
+    });
+    assert_eq!(held.status.code(), Some(0), "{held:?}");
+    let killed = Instant::now();
+    signal(first.id(), "KILL");
+    let _ = first.wait();
+    let second = output(run_args(
+        &store,
+        &key,
+        "60s",
+        &["--wait", "10s"],
+        &["sh", "-c", "true"],
+    ));
+    let after = killed.elapsed();
+    assert_eq!(second.status.code(), Some(0), "{second:?}");
+    assert!(
+        after < Duration::from_secs(8),
+        "the next run got the key {after:?} after kill -9 (TTL 60 s)"
+    );
+    assert!(!alive(&command_pid), "the killed run's command still runs");
+}

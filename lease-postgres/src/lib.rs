@@ -124,6 +124,28 @@
 //! it writes anything. This is stronger than a token check at the resource because
 //! the check and the write are one atomic commit.
 //!
+//! ## Advisory-lock mode
+//!
+//! [`AdvisoryProvider`] holds each lease as a session advisory lock
+//! (`pg_try_advisory_lock`) on a session of its own, with a per-key token row
+//! for fencing and the session's `idle_session_timeout` as the TTL on the
+//! database clock. The lease ends with its session: a killed holder frees the
+//! key at once, without waiting for the TTL. In the `lease` crate's URLs:
+//! `postgres://...?lease_mode=advisory`. Its costs (a session per held lease,
+//! PostgreSQL 14 or later) and the chance of two keys sharing a lock id are
+//! on its page; docs/CHOOSING.md compares it with the table mode.
+//!
+//! ## Job queues and once-per-slot claims
+//!
+//! Where the work is rows in the same database, a lock service is not the
+//! best tool. [`JobQueue`] claims the next rows of your own table with
+//! `FOR UPDATE SKIP LOCKED`, with an owner, a fencing token and a visibility
+//! timeout on the database clock, and completes them inside your transaction
+//! if you like ([`JobQueue::complete_in`]), so a job's effect commits once.
+//! [`OnceClaims`] gives each (resource, slot) to exactly one caller, forever
+//! or for a retention: distributed cron. docs/CHOOSING.md in the repository
+//! compares them with leases.
+//!
 //! ## When to prefer this backend
 //!
 //! When PostgreSQL is already there; when tokens must survive restarts (they are
@@ -134,9 +156,15 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod advisory;
 mod conns;
 mod hosts;
+mod once;
 mod provider;
+mod queue;
 mod sql;
 
+pub use advisory::{ADVISORY_TABLE, AdvisoryProvider};
+pub use once::{CLAIMS_TABLE, OnceClaim, OnceClaims, SlotHolder};
 pub use provider::{PostgresConfig, PostgresProvider};
+pub use queue::{Claim, Completion, JobQueue, Outcome, QueueConfig};

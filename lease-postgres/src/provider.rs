@@ -193,6 +193,20 @@ impl PostgresProvider {
     /// # Errors
     /// [`LeaseError::Config`] for a malformed URL, namespace, schema or table name.
     pub fn new(config: PostgresConfig) -> Result<Self> {
+        let base = Capabilities::new(
+            "postgres",
+            ExpiryClock::StoreServer,
+            Notifications::Native("PostgreSQL LISTEN/NOTIFY"),
+        )
+        .with_ttl_limits(Duration::from_millis(10), DEFAULT_MAX_TTL)
+        .with_expiry_slack(Duration::from_millis(5));
+        Self::with_capabilities(config, base)
+    }
+
+    /// A provider declaring `base` until the probe adds token durability
+    /// (and, with several hosts, the failover declaration): for the modes
+    /// built on this one, such as [`AdvisoryProvider`](crate::AdvisoryProvider).
+    pub(crate) fn with_capabilities(config: PostgresConfig, base: Capabilities) -> Result<Self> {
         validate_namespace(&config.namespace)?;
         validate_identifier("schema", &config.schema)?;
         validate_identifier("table", &config.table)?;
@@ -251,14 +265,7 @@ impl PostgresProvider {
                     Ok(true)
                 })
             });
-        let base = Capabilities::new(
-            "postgres",
-            ExpiryClock::StoreServer,
-            Notifications::Native("PostgreSQL LISTEN/NOTIFY"),
-        )
-        .with_ttl_limits(Duration::from_millis(10), DEFAULT_MAX_TTL)
-        .with_expiry_slack(Duration::from_millis(5))
-        .with_durable_tokens(TokenDurability::Unknown(
+        let base = base.with_durable_tokens(TokenDurability::Unknown(
             "not yet probed: tokens are rows, durable unless fsync or synchronous_commit is off"
                 .into(),
         ));
@@ -323,7 +330,7 @@ impl PostgresProvider {
         Ok(pool)
     }
 
-    fn map_err(&self, e: sqlx::Error) -> LeaseError {
+    pub(crate) fn map_err(&self, e: sqlx::Error) -> LeaseError {
         if is_denied(&e) {
             return LeaseError::denied(
                 format!(
@@ -349,7 +356,7 @@ impl PostgresProvider {
         }
     }
 
-    async fn bounded<T>(
+    pub(crate) async fn bounded<T>(
         &self,
         what: &'static str,
         f: impl std::future::Future<Output = Result<T, sqlx::Error>>,
@@ -409,6 +416,57 @@ impl PostgresProvider {
         Ok(done.rows_affected())
     }
 
+    /// The servers, for connections of the modes built on this provider.
+    pub(crate) fn hosts(&self) -> &Arc<Hosts> {
+        &self.inner.hosts
+    }
+
+    /// The namespace (also through [`LeaseProvider::namespace`]).
+    pub(crate) fn namespace_str(&self) -> &str {
+        &self.inner.namespace
+    }
+
+    /// An inspect row (token, owner, remaining µs, holder) as a `LeaseInfo`.
+    pub(crate) fn lease_info(&self, row: &sqlx::postgres::PgRow) -> Result<LeaseInfo> {
+        let decode = |e: sqlx::Error| self.map_err(e);
+        let token: i64 = row.try_get(0).map_err(decode)?;
+        let owner: Option<String> = row.try_get(1).map_err(decode)?;
+        let remaining: i64 = row.try_get(2).map_err(decode)?;
+        let holder: Option<String> = row.try_get(3).map_err(decode)?;
+        Ok(LeaseInfo::new(
+            FencingToken(u64::try_from(token).unwrap_or(0)),
+            from_micros(remaining),
+            owner.as_deref().and_then(OwnerId::from_hex),
+            holder,
+        ))
+    }
+
+    /// The connections with a server-side statement limit, for statements
+    /// that must not commit after the client gave up on them.
+    pub(crate) fn conns(&self) -> &Conns {
+        &self.inner.conns
+    }
+
+    /// The NOTIFY channel of this provider's table.
+    pub(crate) fn channel(&self) -> &str {
+        &self.inner.sql.channel
+    }
+
+    /// How long a statement may take.
+    pub(crate) fn response_timeout(&self) -> Duration {
+        self.inner.response_timeout
+    }
+
+    /// The server as shown in messages (`postgres://host:port`).
+    pub(crate) fn display(&self) -> &str {
+        &self.inner.display
+    }
+
+    /// `schema.table`, quoted.
+    pub(crate) fn table_sql(&self) -> &str {
+        &self.inner.sql.table
+    }
+
     /// With several hosts, the first call waits for the probe, so the
     /// capabilities read after it carry the failover declaration. A probe
     /// that fails is tried again by the next call.
@@ -422,7 +480,7 @@ impl PostgresProvider {
         }
     }
 
-    async fn ready(&self) -> Result<()> {
+    pub(crate) async fn ready(&self) -> Result<()> {
         in_runtime()?;
         self.probe_first().await;
         self.start_probe();
@@ -696,7 +754,7 @@ fn point_pool(pool: &PgPool, hosts: &Hosts, at: &std::sync::Mutex<Option<String>
 
 /// Connections and the background tasks need a tokio runtime: say so
 /// instead of panicking inside tokio.
-fn in_runtime() -> Result<()> {
+pub(crate) fn in_runtime() -> Result<()> {
     if tokio::runtime::Handle::try_current().is_err() {
         return Err(LeaseError::Config(
             "PostgresProvider must be used inside a tokio runtime".into(),
@@ -705,16 +763,16 @@ fn in_runtime() -> Result<()> {
     Ok(())
 }
 
-fn token_i64(t: FencingToken) -> Result<i64> {
+pub(crate) fn token_i64(t: FencingToken) -> Result<i64> {
     i64::try_from(t.get())
         .map_err(|_| LeaseError::protocol(format!("token {t} does not fit a bigint")))
 }
 
-fn micros(d: Duration) -> i64 {
+pub(crate) fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
-fn from_micros(us: i64) -> Duration {
+pub(crate) fn from_micros(us: i64) -> Duration {
     Duration::from_micros(u64::try_from(us).unwrap_or(0))
 }
 
@@ -917,18 +975,7 @@ impl LeaseProvider for PostgresProvider {
             }
         };
         let row = self.bounded("inspect", answer).await?;
-        let Some(row) = row else { return Ok(None) };
-        let decode = |e: sqlx::Error| self.map_err(e);
-        let token: i64 = row.try_get(0).map_err(decode)?;
-        let owner: Option<String> = row.try_get(1).map_err(decode)?;
-        let remaining: i64 = row.try_get(2).map_err(decode)?;
-        let holder: Option<String> = row.try_get(3).map_err(decode)?;
-        Ok(Some(LeaseInfo::new(
-            FencingToken(u64::try_from(token).unwrap_or(0)),
-            from_micros(remaining),
-            owner.as_deref().and_then(OwnerId::from_hex),
-            holder,
-        )))
+        row.map(|r| self.lease_info(&r)).transpose()
     }
 
     async fn watch(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {

@@ -21,6 +21,8 @@ pub(crate) fn validate_identifier(what: &str, name: &str) -> Result<(), LeaseErr
 
 #[derive(Debug)]
 pub(crate) struct Statements {
+    /// `"schema"."table"`.
+    pub table: String,
     pub create_schema: Option<String>,
     pub create_table: String,
     pub add_holder: String,
@@ -42,6 +44,7 @@ impl Statements {
         let remaining =
             "(extract(epoch from (l.expires_at - clock_timestamp())) * 1000000)::bigint";
         Statements {
+            table: t.clone(),
             create_schema: (schema != "public").then(|| format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\"")),
             create_table: format!(
                 "CREATE TABLE IF NOT EXISTS {t} (

@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lease_api::{LeaseError, LeaseProvider};
 use lease_conformance::{ProviderFactory, conformance_tests};
-use lease_postgres::{PostgresConfig, PostgresProvider};
+use lease_postgres::{AdvisoryProvider, PostgresConfig, PostgresProvider};
 use lease_testkit::cluster::PostgresHa;
 use lease_testkit::store_url;
 
@@ -56,4 +56,33 @@ fn primary_and_standby() -> &'static PostgresHa {
 conformance_tests!(
     postgres_ha_conformance,
     PostgresFactory(primary_and_standby().url())
+);
+
+/// The advisory-lock mode: leases as session advisory locks, each on its own
+/// session, with the TTL as the session's `idle_session_timeout`.
+struct AdvisoryFactory(String);
+
+#[async_trait]
+impl ProviderFactory for AdvisoryFactory {
+    async fn provider(&self, namespace: &str) -> Result<Arc<dyn LeaseProvider>, LeaseError> {
+        let config = PostgresConfig::new(&self.0)
+            .namespace(namespace)
+            .max_connections(4);
+        Ok(Arc::new(AdvisoryProvider::new(config)?))
+    }
+
+    async fn unreachable(&self) -> Result<Arc<dyn LeaseProvider>, LeaseError> {
+        let config = PostgresConfig::new("postgres://postgres@127.0.0.1:1/postgres")
+            .timeouts(Duration::from_millis(500), Duration::from_millis(500));
+        Ok(Arc::new(AdvisoryProvider::new(config)?))
+    }
+
+    fn unavailable_within(&self) -> Duration {
+        Duration::from_secs(2)
+    }
+}
+
+conformance_tests!(
+    postgres_advisory_conformance,
+    AdvisoryFactory(store_url("LEASE_TEST_POSTGRES_URL"))
 );

@@ -10,7 +10,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 /// The store URL forms this crate understands.
 pub const URL_FORMS: &str = "memory://, redis://host:port[/db], rediss://...[?ca=/path/ca.pem], \
 redis+sentinel://host1:port,host2:port/<master-name>[/db][?wait=N], \
-redis+cluster://host1:port,host2:port[?wait=N], redlock://host1:port,host2:port,host3:port, postgres://user@host/db[?lease_table=schema.table], \
+redis+cluster://host1:port,host2:port[?wait=N], redlock://host1:port,host2:port,host3:port, postgres://user@host/db[?lease_table=schema.table][&lease_mode=advisory], \
 etcd://host1:port[,host2:port] (etcds:// for TLS), zk://host1:port[,host2:port][/chroot], \
 sqlite:///path/to/leases.db";
 
@@ -33,8 +33,11 @@ pub enum Store {
         url: String,
         /// The schema of the lease table.
         schema: String,
-        /// The lease table.
+        /// The lease table (with `advisory`, the token table).
         table: String,
+        /// `lease_mode=advisory`: leases are session advisory locks
+        /// ([`lease_postgres::AdvisoryProvider`]), not rows.
+        advisory: bool,
     },
     /// `etcd://h1,h2` or `etcds://[user:password@]h1,h2[?ca=..&cert=..&key=..]`.
     Etcd {
@@ -198,6 +201,7 @@ fn etcd_config(endpoints: &[String], access: &EtcdAccess) -> lease_etcd::EtcdCon
 /// The query parameters sqlx understands in a PostgreSQL URL, plus ours.
 const POSTGRES_PARAMS: &[&str] = &[
     "lease_table",
+    "lease_mode",
     "sslmode",
     "ssl-mode",
     "sslrootcert",
@@ -239,9 +243,19 @@ impl std::fmt::Display for Store {
                 "redlock://{}",
                 nodes.iter().map(|n| strip(n)).collect::<Vec<_>>().join(",")
             ),
-            Store::Postgres { url, schema, table } => {
+            Store::Postgres {
+                url,
+                schema,
+                table,
+                advisory,
+            } => {
                 let sep = if url.contains('?') { '&' } else { '?' };
-                format!("{url}{sep}lease_table={schema}.{table}")
+                let mode = if *advisory {
+                    "&lease_mode=advisory"
+                } else {
+                    ""
+                };
+                format!("{url}{sep}lease_table={schema}.{table}{mode}")
             }
             Store::Etcd { endpoints, access } => {
                 let scheme = if endpoints.iter().any(|e| e.starts_with("https://")) {
@@ -349,22 +363,44 @@ impl Store {
                 crate::urls::single(url, POSTGRES_PARAMS)?;
                 let (base, query) = url.split_once('?').unwrap_or((url, ""));
                 let mut keep = Vec::new();
-                let (mut schema, mut table) = ("public".to_owned(), "lease_leases".to_owned());
+                let (mut schema, mut table) = ("public".to_owned(), None);
+                let mut advisory = false;
                 for pair in query.split('&').filter(|p| !p.is_empty()) {
                     match pair.split_once('=') {
                         Some(("lease_table", v)) => match v.split_once('.') {
-                            Some((s, t)) => (schema, table) = (s.to_owned(), t.to_owned()),
-                            None => table = v.to_owned(),
+                            Some((s, t)) => (schema, table) = (s.to_owned(), Some(t.to_owned())),
+                            None => table = Some(v.to_owned()),
                         },
+                        Some(("lease_mode", "advisory")) => advisory = true,
+                        Some(("lease_mode", "table")) => advisory = false,
+                        Some(("lease_mode", other)) => {
+                            return Err(config_err(format!(
+                                "lease_mode is `table` (rows, the default) or `advisory` (session advisory locks), not {other:?}"
+                            )));
+                        }
                         _ => keep.push(pair),
                     }
                 }
+                let table = table.unwrap_or_else(|| {
+                    if advisory {
+                        // lease_postgres::ADVISORY_TABLE, spelled here so
+                        // parsing works without the `postgres` feature.
+                        "lease_advisory".to_owned()
+                    } else {
+                        "lease_leases".to_owned()
+                    }
+                });
                 let url = if keep.is_empty() {
                     base.to_owned()
                 } else {
                     format!("{base}?{}", keep.join("&"))
                 };
-                Ok(Store::Postgres { url, schema, table })
+                Ok(Store::Postgres {
+                    url,
+                    schema,
+                    table,
+                    advisory,
+                })
             }
             "etcd" | "etcds" => parse_etcd(scheme, rest),
             "sqlite" => {
@@ -432,10 +468,16 @@ impl Store {
                 "redis://127.0.0.1:2".into(),
                 "redis://127.0.0.1:3".into(),
             ]),
-            Store::Postgres { schema, table, .. } => Store::Postgres {
+            Store::Postgres {
+                schema,
+                table,
+                advisory,
+                ..
+            } => Store::Postgres {
                 url: "postgres://lease@127.0.0.1:1/lease".into(),
                 schema: schema.clone(),
                 table: table.clone(),
+                advisory: *advisory,
             },
             Store::Etcd { .. } => Store::Etcd {
                 endpoints: vec!["http://127.0.0.1:1".into()],
@@ -456,7 +498,10 @@ impl Store {
             Store::Sqlite(_) => "sqlite",
             Store::Redis(_) => "redis",
             Store::Redlock(_) => "redlock",
-            Store::Postgres { .. } => "postgres",
+            Store::Postgres {
+                advisory: false, ..
+            } => "postgres",
+            Store::Postgres { advisory: true, .. } => "postgres-advisory",
             Store::Etcd { .. } => "etcd",
             Store::Zk { .. } => "zookeeper",
         }
@@ -509,13 +554,21 @@ impl Store {
                     .timeouts(connect, request),
             )?)),
             #[cfg(feature = "postgres")]
-            Store::Postgres { url, schema, table } => {
-                Ok(Arc::new(lease_postgres::PostgresProvider::new(
-                    lease_postgres::PostgresConfig::new(url)
-                        .namespace(namespace)
-                        .table(schema, table)
-                        .timeouts(connect, request),
-                )?))
+            Store::Postgres {
+                url,
+                schema,
+                table,
+                advisory,
+            } => {
+                let config = lease_postgres::PostgresConfig::new(url)
+                    .namespace(namespace)
+                    .table(schema, table)
+                    .timeouts(connect, request);
+                if *advisory {
+                    Ok(Arc::new(lease_postgres::AdvisoryProvider::new(config)?))
+                } else {
+                    Ok(Arc::new(lease_postgres::PostgresProvider::new(config)?))
+                }
             }
             #[cfg(feature = "etcd")]
             Store::Etcd { endpoints, access } => Ok(Arc::new(lease_etcd::EtcdProvider::new(
@@ -588,7 +641,10 @@ impl Store {
                 .await
             }
             #[cfg(feature = "postgres")]
-            Store::Postgres { url, schema, table } => {
+            Store::Postgres {
+                url, schema, table, ..
+            } => {
+                // The token rows of either mode are purged the same way.
                 lease_postgres::PostgresProvider::new(
                     lease_postgres::PostgresConfig::new(url)
                         .table(schema, table)
@@ -907,7 +963,8 @@ mod tests {
             Store::Postgres {
                 url: "postgres://u@h/db?sslmode=disable".into(),
                 schema: "locks".into(),
-                table: "leases".into()
+                table: "leases".into(),
+                advisory: false,
             }
         );
         assert_eq!(
@@ -915,9 +972,21 @@ mod tests {
             Store::Postgres {
                 url: "postgresql://u@h/db".into(),
                 schema: "public".into(),
-                table: "lease_leases".into()
+                table: "lease_leases".into(),
+                advisory: false,
             }
         );
+        assert_eq!(
+            Store::parse("postgres://u@h/db?lease_mode=advisory").unwrap(),
+            Store::Postgres {
+                url: "postgres://u@h/db".into(),
+                schema: "public".into(),
+                table: "lease_advisory".into(),
+                advisory: true,
+            }
+        );
+        let err = Store::parse("postgres://u@h/db?lease_mode=locks").unwrap_err();
+        assert!(err.to_string().contains("lease_mode"), "{err}");
         assert_eq!(
             Store::parse("etcd://a:2379,b:2379").unwrap(),
             Store::Etcd {
@@ -1087,6 +1156,7 @@ mod tests {
             "redis://127.0.0.1:1",
             "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3",
             "postgres://u@127.0.0.1:1/db",
+            "postgres://u@127.0.0.1:1/db?lease_mode=advisory",
             "etcd://127.0.0.1:1",
             "zk://127.0.0.1:1/chroot",
         ] {
