@@ -125,6 +125,11 @@ pub struct Capabilities {
     /// next renewal, and only fencing tokens order the two holders meanwhile.
     /// `None`: leases end only by TTL or release.
     pub holder_session: Option<Duration>,
+    /// Whether the store keeps a queue of waiters per key, so that
+    /// [`AcquireOptions::fair`](crate::AcquireOptions::fair) serves waiters in
+    /// arrival order and wakes only the next one (C17); the provider's
+    /// [`wait_queue`](crate::LeaseProvider::wait_queue) is then `Some`.
+    pub fair_waiting: bool,
     /// How much longer than its TTL (plus [`expiry_slack`](Self::expiry_slack))
     /// an unrenewed lease may stay held when the store fails over, as a
     /// multiple of the lease's TTL plus a fixed time. etcd's new leader grants
@@ -228,6 +233,7 @@ impl Capabilities {
             notifications,
             expiry_clock,
             holder_session: None,
+            fair_waiting: false,
             failover_extension: None,
             failover: None,
         }
@@ -262,6 +268,13 @@ impl Capabilities {
     /// `timeout` (see [`holder_session`](Self::holder_session)).
     pub fn with_holder_session(mut self, timeout: Option<Duration>) -> Self {
         self.holder_session = timeout;
+        self
+    }
+
+    /// Declares a queue of waiters per key (see
+    /// [`fair_waiting`](Self::fair_waiting)).
+    pub fn with_fair_waiting(mut self, fair: bool) -> Self {
+        self.fair_waiting = fair;
         self
     }
 
@@ -356,6 +369,7 @@ mod tests {
             notifications: Notifications::TimedRetryOnly,
             expiry_clock: ExpiryClock::ProcessMonotonic,
             holder_session: None,
+            fair_waiting: false,
             failover_extension: None,
             failover: None,
         }

@@ -1,6 +1,6 @@
 //! The in-memory provider: the whole contract inside one process.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -13,7 +13,8 @@ use tokio::time::Instant;
 use crate::provider::NotifyWatch;
 use crate::{
     Capabilities, ExpiryClock, FencingToken, KeyWatch, Lease, LeaseError, LeaseInfo, LeaseKey,
-    LeaseProvider, Notifications, OwnerId, Result, TokenDurability, TryAcquire, validate_namespace,
+    LeaseProvider, Notifications, OwnerId, Place, Result, Ticket, TokenDurability, TryAcquire,
+    WaitQueue, validate_namespace,
 };
 
 /// The default namespace of every provider.
@@ -40,10 +41,21 @@ impl Entry {
     }
 }
 
+/// A fair waiter's ticket: it ends at `expires_at` unless refreshed, and
+/// `left` wakes the waiter behind it.
+struct Waiter {
+    expires_at: Instant,
+    left: Arc<Notify>,
+}
+
+type Queue = BTreeMap<u64, Waiter>;
+
 #[derive(Default)]
 struct State {
     entries: HashMap<(Arc<str>, LeaseKey), Entry>,
+    queues: HashMap<(Arc<str>, LeaseKey), Queue>,
     last_token: u64,
+    last_ticket: u64,
     ops: u64,
 }
 
@@ -56,7 +68,22 @@ impl State {
         }
         self.entries
             .retain(|_, e| e.live_holder(now).is_some() || Arc::strong_count(&e.notify) > 1);
+        self.queues.retain(|_, q| {
+            expire_tickets(q, now);
+            !q.is_empty()
+        });
     }
+}
+
+/// Drops the tickets past their TTL, waking whoever waits behind them.
+fn expire_tickets(queue: &mut Queue, now: Instant) {
+    queue.retain(|_, w| {
+        let live = w.expires_at > now;
+        if !live {
+            w.left.notify_waiters();
+        }
+        live
+    });
 }
 
 /// One in-memory lease store. Every [`MemoryProvider`] made from the same store
@@ -109,6 +136,13 @@ impl MemoryStore {
             }
             keep
         });
+        state.queues.retain(|(ns, _), q| {
+            let keep = !ns.starts_with(prefix);
+            if !keep {
+                q.values().for_each(|w| w.left.notify_waiters());
+            }
+            keep
+        });
         Ok(u64::try_from(before - state.entries.len()).unwrap_or(u64::MAX))
     }
 
@@ -139,6 +173,7 @@ fn memory_capabilities() -> Capabilities {
         ExpiryClock::ProcessMonotonic,
         Notifications::Native("in-process notify"),
     )
+    .with_fair_waiting(true)
     .with_durable_tokens(TokenDurability::Volatile(
         "tokens live in process memory and start again at 1 in a new process".into(),
     ))
@@ -343,5 +378,100 @@ impl LeaseProvider for MemoryProvider {
             Arc::clone(&entry.notify)
         };
         Ok(Box::new(NotifyWatch::new(notify)))
+    }
+
+    fn wait_queue(&self) -> Option<&dyn WaitQueue> {
+        Some(self)
+    }
+}
+
+/// A watch that wakes at once: the ticket it would wait for is gone.
+struct Ready;
+
+#[async_trait]
+impl KeyWatch for Ready {
+    async fn changed(&mut self, _max: Duration) {}
+}
+
+#[async_trait]
+impl WaitQueue for MemoryProvider {
+    async fn join(&self, key: &LeaseKey, ttl: Duration) -> Result<Ticket> {
+        let ttl = self.caps.grant_ttl(ttl)?;
+        let now = Instant::now();
+        let mut state = self.store.lock()?;
+        state.last_ticket += 1;
+        let seq = state.last_ticket;
+        state.queues.entry(self.entry_key(key)).or_default().insert(
+            seq,
+            Waiter {
+                expires_at: now + ttl,
+                left: Arc::new(Notify::new()),
+            },
+        );
+        Ok(Ticket::new(key.clone(), seq, 0))
+    }
+
+    async fn place(&self, ticket: &Ticket) -> Result<Place> {
+        let now = Instant::now();
+        let mut state = self.store.lock()?;
+        let Some(queue) = state.queues.get_mut(&self.entry_key(ticket.key())) else {
+            return Ok(Place::Gone);
+        };
+        expire_tickets(queue, now);
+        if !queue.contains_key(&ticket.seq()) {
+            return Ok(Place::Gone);
+        }
+        Ok(match queue.range(..ticket.seq()).next_back() {
+            None => Place::First,
+            Some((seq, w)) => Place::Behind {
+                ahead: Ticket::new(ticket.key().clone(), *seq, 0),
+                remaining: Some(w.expires_at - now),
+            },
+        })
+    }
+
+    async fn watch_ticket(&self, ahead: &Ticket) -> Result<Box<dyn KeyWatch>> {
+        let state = self.store.lock()?;
+        let left = state
+            .queues
+            .get(&self.entry_key(ahead.key()))
+            .and_then(|q| q.get(&ahead.seq()))
+            .map(|w| Arc::clone(&w.left));
+        Ok(match left {
+            Some(left) => Box::new(NotifyWatch::new(left)),
+            None => Box::new(Ready),
+        })
+    }
+
+    async fn refresh(&self, ticket: &Ticket, ttl: Duration) -> Result<bool> {
+        let ttl = self.caps.grant_ttl(ttl)?;
+        let now = Instant::now();
+        let mut state = self.store.lock()?;
+        let waiter = state
+            .queues
+            .get_mut(&self.entry_key(ticket.key()))
+            .and_then(|q| q.get_mut(&ticket.seq()))
+            .filter(|w| w.expires_at > now);
+        Ok(match waiter {
+            Some(w) => {
+                w.expires_at = now + ttl;
+                true
+            }
+            None => false,
+        })
+    }
+
+    async fn leave(&self, ticket: &Ticket) -> Result<()> {
+        let mut state = self.store.lock()?;
+        let entry_key = self.entry_key(ticket.key());
+        if let Some(queue) = state.queues.get_mut(&entry_key) {
+            if let Some(w) = queue.remove(&ticket.seq()) {
+                w.left.notify_waiters();
+            }
+            if queue.is_empty() {
+                state.queues.remove(&entry_key);
+            }
+        }
+        Ok(())
     }
 }

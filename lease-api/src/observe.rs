@@ -236,6 +236,10 @@ impl<P: LeaseProvider + ?Sized> LeaseProvider for Observed<P> {
         self.inner.flush(limit).await;
     }
 
+    fn wait_queue(&self) -> Option<&dyn crate::WaitQueue> {
+        self.inner.wait_queue()
+    }
+
     async fn extend_many(&self, leases: &[Lease]) -> Result<Vec<Result<Lease>>> {
         let started = Instant::now();
         let result = self.inner.extend_many(leases).await;

@@ -117,6 +117,13 @@ pub trait LeaseProvider: Send + Sync + fmt::Debug {
     async fn flush(&self, limit: Duration) {
         let _ = limit;
     }
+
+    /// The store's queues of waiters, for fair waiting (C17): `Some` exactly
+    /// when [`Capabilities::fair_waiting`](crate::Capabilities::fair_waiting)
+    /// is declared. Default `None`.
+    fn wait_queue(&self) -> Option<&dyn crate::WaitQueue> {
+        None
+    }
 }
 
 /// A registered interest in one key, returned by [`LeaseProvider::watch`].
@@ -226,6 +233,9 @@ pub struct AcquireOptions {
     /// How long to wait for a held key; zero answers at once,
     /// `Duration::MAX` waits forever.
     pub wait: Duration,
+    /// Wait in the key's queue of waiters, served in arrival order (C17);
+    /// see [`fair`](Self::fair).
+    pub fair: bool,
 }
 
 impl AcquireOptions {
@@ -234,7 +244,41 @@ impl AcquireOptions {
         AcquireOptions {
             ttl,
             wait: Duration::ZERO,
+            fair: false,
         }
+    }
+
+    /// Waits in arrival order (C17): the waiter takes a ticket in the key's
+    /// queue of waiters in the store, is woken only when the ticket ahead of
+    /// it leaves, and alone among the queue watches the key once it is
+    /// first. No herd wakes on a release, and the longest wait is bounded by
+    /// the holds ahead. Fairness holds among fair waiters; a plain acquire
+    /// may still take a freed key first. Costs a few store round trips per
+    /// acquire (join, place, leave). A fair acquire that does not wait takes
+    /// a free key only when no fair waiter is queued.
+    ///
+    /// Backends without a queue of waiters answer
+    /// [`LeaseError::Config`](crate::LeaseError::Config); see
+    /// [`Capabilities::fair_waiting`](crate::Capabilities::fair_waiting).
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use lease_api::{acquire, AcquireOptions, LeaseKey, LeaseProvider, MemoryProvider};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lease_api::Result<()> {
+    /// let provider: Arc<dyn LeaseProvider> = Arc::new(MemoryProvider::new());
+    /// let key = LeaseKey::new("settlement/batch-7")?;
+    /// let options = AcquireOptions::ttl(Duration::from_secs(30))
+    ///     .wait(Duration::from_secs(5))
+    ///     .fair();
+    /// let lease = acquire(&provider, &key, options).await?.expect("a free key");
+    /// provider.release(&lease).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn fair(mut self) -> Self {
+        self.fair = true;
+        self
     }
 
     /// Waits up to `wait` while the key is held.
@@ -275,10 +319,14 @@ pub async fn acquire<P>(
 where
     P: LeaseProvider + ?Sized + 'static,
 {
-    let AcquireOptions { ttl, wait } = options;
+    let AcquireOptions { ttl, wait, fair } = options;
     let started = Instant::now();
     let mut waited = Duration::ZERO;
-    let result = acquire_waiting(provider, key, ttl, wait, &mut waited).await;
+    let result = if fair {
+        crate::fair::acquire_fair(provider, key, ttl, wait, &mut waited).await
+    } else {
+        acquire_waiting(provider, key, ttl, wait, &mut waited).await
+    };
     let outcome = match &result {
         Ok(Some(_)) => "acquired",
         Ok(None) => "not_acquired",
@@ -293,7 +341,7 @@ where
     result
 }
 
-async fn acquire_waiting<P>(
+pub(crate) async fn acquire_waiting<P>(
     provider: &Arc<P>,
     key: &LeaseKey,
     ttl: Duration,

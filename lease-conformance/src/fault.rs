@@ -140,6 +140,45 @@ impl LeaseProvider for Partition {
             }) as Arc<dyn SessionStore>
         }))
     }
+    fn wait_queue(&self) -> Option<&dyn lease_api::WaitQueue> {
+        self.inner
+            .wait_queue()
+            .map(|_| self as &dyn lease_api::WaitQueue)
+    }
+}
+
+/// The queue of waiters behind the partition: cut with the rest.
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl lease_api::WaitQueue for Partition {
+    async fn join(&self, key: &LeaseKey, ttl: Duration) -> Result<lease_api::Ticket> {
+        self.check()?;
+        self.queue()?.join(key, ttl).await
+    }
+    async fn place(&self, ticket: &lease_api::Ticket) -> Result<lease_api::Place> {
+        self.check()?;
+        self.queue()?.place(ticket).await
+    }
+    async fn watch_ticket(&self, ahead: &lease_api::Ticket) -> Result<Box<dyn KeyWatch>> {
+        self.check()?;
+        self.queue()?.watch_ticket(ahead).await
+    }
+    async fn refresh(&self, ticket: &lease_api::Ticket, ttl: Duration) -> Result<bool> {
+        self.check()?;
+        self.queue()?.refresh(ticket, ttl).await
+    }
+    async fn leave(&self, ticket: &lease_api::Ticket) -> Result<()> {
+        self.check()?;
+        self.queue()?.leave(ticket).await
+    }
+}
+
+impl Partition {
+    fn queue(&self) -> Result<&dyn lease_api::WaitQueue> {
+        self.inner.wait_queue().ok_or_else(|| {
+            LeaseError::Config("the provider behind the partition has no queue of waiters".into())
+        })
+    }
 }
 
 /// Wraps a provider, counts its store calls, and can make [`watch`](LeaseProvider::watch)
@@ -217,5 +256,8 @@ impl LeaseProvider for Instrumented {
     }
     async fn session_store(&self, ttl: Duration) -> Result<Option<Arc<dyn SessionStore>>> {
         self.inner.session_store(ttl).await
+    }
+    fn wait_queue(&self) -> Option<&dyn lease_api::WaitQueue> {
+        self.inner.wait_queue()
     }
 }

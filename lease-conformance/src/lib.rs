@@ -324,6 +324,8 @@ macro_rules! __case_list {
             session_outage_fires_every_lease_by_validity, "C16", "when the session's store is cut off, every lease fires lost before its local validity ends";
             semaphore_never_exceeds_permits, "C2", "32 contenders on a 4-permit semaphore: never more than 4 hold a permit at once, and each permit's tokens grow";
             semaphore_permit_of_crashed_holder_returns, "C4", "the permits of a crashed holder come back when their leases expire, not before";
+            fair_waiters_are_served_in_arrival_order, "C17", "six fair waiters queued behind a holder get the key in the order they arrived (a backend without fair waiting refuses a fair acquire)";
+            fair_queue_skips_dead_and_departed_waiters, "C17", "a fair waiter that gave up leaves the line at once; one that died holds it up until its ticket's TTL (or session) ends";
             election_has_one_leader_and_followers_see_each_term, "C2", "3 campaigners lead 2 terms each: one leader at a time, a follower sees every term in token order, and a resignation hands over at once";
             session_release_keeps_the_others, "C16", "releasing one lease of a session frees its key and keeps the others held";
         }

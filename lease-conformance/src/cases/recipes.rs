@@ -222,3 +222,172 @@ pub(super) async fn election_has_one_leader_and_followers_see_each_term(ctx: Ctx
     }
     Ok(())
 }
+
+/// Whether the provider declares fair waiting; one that does not must
+/// refuse a fair acquire with a clear error (and offer no queue).
+fn declares_fair(p: &dyn LeaseProvider) -> bool {
+    p.capabilities().fair_waiting
+}
+
+async fn refuses_fair(p: &Arc<dyn LeaseProvider>, key: &LeaseKey) -> CaseResult {
+    check!(
+        p.wait_queue().is_none(),
+        "{} offers a queue of waiters but does not declare fair_waiting",
+        p.capabilities().backend
+    );
+    let options = AcquireOptions::ttl(long_ttl(&**p))
+        .wait(Duration::from_secs(1))
+        .fair();
+    match acquire(p, key, options).await {
+        Err(LeaseError::Config(_)) => Ok(()),
+        other => Err(CaseError(format!(
+            "a fair acquire on a backend without fair waiting answered {other:?}, not a Config error"
+        ))),
+    }
+}
+
+/// Waits until the queue of `key` shows a ticket other than `last` at its
+/// end (the waiter just started has joined) and returns that ticket.
+async fn await_joined(
+    p: &dyn LeaseProvider,
+    key: &LeaseKey,
+    last: Option<u64>,
+) -> Result<u64, CaseError> {
+    let Some(queue) = p.wait_queue() else {
+        return Err(CaseError("no queue of waiters".into()));
+    };
+    let give_up = Instant::now() + Duration::from_secs(20);
+    loop {
+        let probe = queue.join(key, long_ttl(p)).await?;
+        let place = queue.place(&probe).await;
+        queue.leave(&probe).await?;
+        if let lease_api::Place::Behind { ahead, .. } = place?
+            && Some(ahead.seq()) != last
+        {
+            return Ok(ahead.seq());
+        }
+        check!(
+            Instant::now() < give_up,
+            "a fair waiter did not show in the queue within 20 s"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Six fair waiters on their own providers queue up one after another
+/// behind a holder: they get the key in the order they arrived, and each
+/// holder's token is greater than the last.
+pub(super) async fn fair_waiters_are_served_in_arrival_order(ctx: Ctx) -> CaseResult {
+    const WAITERS: usize = 6;
+    let holder = ctx.provider().await?;
+    let key = ctx.key("fair-order")?;
+    if !declares_fair(&*holder) {
+        return refuses_fair(&holder, &key).await;
+    }
+    let ttl = long_ttl(&*holder);
+    let first = must_acquire(&*holder, &key, ttl).await?;
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    let mut last = None;
+    for i in 0..WAITERS {
+        let p = ctx.provider().await?;
+        let (k, order) = (key.clone(), Arc::clone(&order));
+        tasks.push(tokio::spawn(async move {
+            let key = k;
+            let options = AcquireOptions::ttl(ttl)
+                .wait(Duration::from_secs(60))
+                .fair();
+            let Some(lease) = acquire(&p, &key, options).await? else {
+                return Err(CaseError(format!("fair waiter {i} waited 60 s")));
+            };
+            order
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((i, lease.token()));
+            sleep(Duration::from_millis(20)).await;
+            p.release(&lease).await?;
+            Ok::<_, CaseError>(())
+        }));
+        last = Some(await_joined(&*holder, &key, last).await?);
+    }
+    holder.release(&first).await?;
+    for t in join_all(tasks).await {
+        t.map_err(|e| CaseError(format!("fair waiter panicked: {e}")))??;
+    }
+    let order = order.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let served: Vec<usize> = order.iter().map(|o| o.0).collect();
+    check!(
+        served == (0..WAITERS).collect::<Vec<_>>(),
+        "fair waiters were served in the order {served:?}, not the order they arrived"
+    );
+    check!(
+        order.windows(2).all(|w| w[0].1 < w[1].1) && order[0].1 > first.token(),
+        "tokens did not grow in the order the key was held: {order:?}"
+    );
+    Ok(())
+}
+
+/// A fair waiter whose process died (its ticket neither refreshed nor
+/// removed) holds the line up until its ticket's TTL (or session) ends, not
+/// forever; one whose wait ran out leaves the line at once.
+pub(super) async fn fair_queue_skips_dead_and_departed_waiters(ctx: Ctx) -> CaseResult {
+    let waiter = ctx.provider().await?;
+    let key = ctx.key("fair-dead")?;
+    if !declares_fair(&*waiter) {
+        return refuses_fair(&waiter, &key).await;
+    }
+    // A waiter that gave up: the key is held, its wait runs out.
+    let holder = ctx.provider().await?;
+    let lease = must_acquire(&*holder, &key, long_ttl(&*holder)).await?;
+    let quick = AcquireOptions::ttl(long_ttl(&*waiter))
+        .wait(Duration::from_millis(300))
+        .fair();
+    check!(
+        acquire(&waiter, &key, quick).await?.is_none(),
+        "a fair waiter took a held key"
+    );
+    holder.release(&lease).await?;
+    let released = Instant::now();
+    let options = AcquireOptions::ttl(long_ttl(&*waiter))
+        .wait(Duration::from_secs(10))
+        .fair();
+    let Some(lease) = acquire(&waiter, &key, options).await? else {
+        return Err(CaseError(
+            "a fair waiter behind one that gave up did not get a free key in 10 s".into(),
+        ));
+    };
+    check!(
+        released.elapsed() < TOLERANCE,
+        "a free key took {:?} to reach the next fair waiter: the waiter that gave up stayed in line",
+        released.elapsed()
+    );
+    waiter.release(&lease).await?;
+
+    // A waiter that died: its ticket stays until its TTL.
+    let crashed = ctx.provider().await?;
+    let ttl = short_ttl(&*crashed);
+    let Some(queue) = crashed.wait_queue() else {
+        return Err(CaseError("no queue of waiters".into()));
+    };
+    let joined = Instant::now();
+    let _ticket = queue.join(&key, ttl).await?;
+    drop(crashed);
+    let session = waiter.capabilities().holder_session.unwrap_or_default();
+    let wait = expiry_bound(&*waiter, ttl) * 2 + session;
+    let options = AcquireOptions::ttl(long_ttl(&*waiter)).wait(wait).fair();
+    let Some(lease) = acquire(&waiter, &key, options).await? else {
+        return Err(CaseError(format!(
+            "a fair waiter behind a dead one did not get the free key within {wait:?}"
+        )));
+    };
+    let at = Instant::now();
+    if waiter.capabilities().holder_session.is_none() {
+        check!(
+            at >= joined + ttl,
+            "a dead waiter's ticket was passed over {:?} before its TTL ended",
+            joined + ttl - at
+        );
+    }
+    waiter.release(&lease).await?;
+    Ok(())
+}
