@@ -9,7 +9,8 @@ use lease_api::backend::{bounded, drift_margin};
 use lease_api::{
     Capabilities, DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, ExpiryClock, Failover, FailoverTokens,
     FencingToken, KeyWatch, Lease, LeaseError, LeaseHandle, LeaseInfo, LeaseKey, LeaseProvider,
-    Notifications, OwnerId, Result, SessionStore, TokenDurability, TryAcquire, validate_namespace,
+    Notifications, OwnerId, Place, Result, SessionStore, Ticket, TokenDurability, TryAcquire,
+    WaitQueue, validate_namespace,
 };
 use tokio::time::Instant;
 use zookeeper_client::{
@@ -282,6 +283,7 @@ impl ZkProvider {
             ExpiryClock::ServerWallClock,
             Notifications::Native("ZooKeeper watch"),
         )
+        .with_fair_waiting(true)
         .with_ttl_limits(Duration::from_millis(100), DEFAULT_MAX_TTL)
         // Expiry is judged against a probe write's mtime: millisecond
         // timestamps of the leader's clock.
@@ -1036,6 +1038,10 @@ impl LeaseProvider for ZkProvider {
         true
     }
 
+    fn wait_queue(&self) -> Option<&dyn WaitQueue> {
+        Some(self)
+    }
+
     async fn watch(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {
         let client = self.client().await?;
         let paths = self.paths(key);
@@ -1078,5 +1084,154 @@ fn key_version(lease: &Lease) -> Option<i32> {
     match lease.handle() {
         LeaseHandle::ZkKeyVersion(v) if v >= 0 => Some(v),
         _ => None,
+    }
+}
+
+impl ZkProvider {
+    /// The parent of `key`'s waiters: a child of the key node, beside the
+    /// holder node.
+    fn waiters_path(&self, key: &LeaseKey) -> String {
+        format!("{}/waiters", self.paths(key).key)
+    }
+
+    /// A waiter's node: `w-` and its sequence number, as ZooKeeper names
+    /// sequential nodes.
+    fn ticket_path(&self, ticket: &Ticket) -> String {
+        format!(
+            "{}/w-{}",
+            self.waiters_path(ticket.key()),
+            sequence_suffix(ticket.seq())
+        )
+    }
+}
+
+/// ZooKeeper's suffix of sequence number `seq`: ten digits, nineteen past
+/// `i32::MAX`.
+fn sequence_suffix(seq: u64) -> String {
+    if seq <= u64::from(i32::MAX.unsigned_abs()) {
+        format!("{seq:010}")
+    } else {
+        format!("{seq:019}")
+    }
+}
+
+/// Fair waiting as Curator's fair lock queues: each waiter creates an
+/// ephemeral sequential node under the key's `waiters` node and watches the
+/// node just ahead of it. A dead waiter's node goes with its session.
+#[async_trait]
+impl WaitQueue for ZkProvider {
+    async fn join(&self, key: &LeaseKey, ttl: Duration) -> Result<Ticket> {
+        self.caps().grant_ttl(ttl)?;
+        let client = self.client().await?;
+        let paths = self.paths(key);
+        let waiters = self.waiters_path(key);
+        let mode = CreateMode::EphemeralSequential.with_acls(self.acls());
+        let node = format!("{waiters}/w-");
+        for _ in 0..3 {
+            match self
+                .bounded("joining the queue", client.create(&node, b"", &mode))
+                .await?
+            {
+                Ok((_, seq)) => {
+                    let seq = u64::try_from(seq.into_i64()).map_err(|_| {
+                        LeaseError::protocol("ZooKeeper gave a negative sequence number")
+                    })?;
+                    return Ok(Ticket::new(key.clone(), seq, 0));
+                }
+                // The key node or its waiters node does not exist yet.
+                Err(ZkError::NoNode) => {
+                    self.ensure_key_node(&client, &paths).await?;
+                    let made = client.create(
+                        &waiters,
+                        b"",
+                        &CreateMode::Persistent.with_acls(self.acls()),
+                    );
+                    match self.bounded("creating the waiters node", made).await? {
+                        Ok(_) | Err(ZkError::NodeExists) => {}
+                        Err(e) => return Err(self.map_err(e)),
+                    }
+                }
+                Err(e) => return Err(self.map_err(e)),
+            }
+        }
+        Err(LeaseError::protocol(
+            "ZooKeeper kept answering that the waiters node is missing",
+        ))
+    }
+
+    async fn place(&self, ticket: &Ticket) -> Result<Place> {
+        let client = self.client().await?;
+        let children = match self
+            .bounded(
+                "list",
+                client.list_children(&self.waiters_path(ticket.key())),
+            )
+            .await?
+        {
+            Ok(c) => c,
+            Err(ZkError::NoNode) => return Ok(Place::Gone),
+            Err(e) => return Err(self.map_err(e)),
+        };
+        let mut own = false;
+        let mut ahead: Option<u64> = None;
+        for child in &children {
+            let Some(seq) = child.strip_prefix("w-").and_then(|s| s.parse::<u64>().ok()) else {
+                continue;
+            };
+            if seq == ticket.seq() {
+                own = true;
+            } else if seq < ticket.seq() && ahead.is_none_or(|a| seq > a) {
+                ahead = Some(seq);
+            }
+        }
+        Ok(match (own, ahead) {
+            (false, _) => Place::Gone,
+            (true, None) => Place::First,
+            (true, Some(seq)) => Place::Behind {
+                ahead: Ticket::new(ticket.key().clone(), seq, 0),
+                // It goes with its waiter's session.
+                remaining: None,
+            },
+        })
+    }
+
+    async fn watch_ticket(&self, ahead: &Ticket) -> Result<Box<dyn KeyWatch>> {
+        let client = self.client().await?;
+        let (stat, watcher) = self
+            .bounded(
+                "watch",
+                client.check_and_watch_stat(&self.ticket_path(ahead)),
+            )
+            .await?
+            .map_err(|e| self.map_err(e))?;
+        // A node that is gone already wakes the waiter at once.
+        Ok(Box::new(ZkWatch {
+            watcher: stat.map(|_| watcher),
+        }))
+    }
+
+    async fn refresh(&self, ticket: &Ticket, _ttl: Duration) -> Result<bool> {
+        // The node lives as long as the session: it is refreshed by the
+        // session's heartbeats, and only a new session has lost it.
+        let client = self.client().await?;
+        let stat = self
+            .bounded("exists", client.check_stat(&self.ticket_path(ticket)))
+            .await?
+            .map_err(|e| self.map_err(e))?;
+        Ok(stat.is_some())
+    }
+
+    async fn leave(&self, ticket: &Ticket) -> Result<()> {
+        let client = self.client().await?;
+        match self
+            .bounded(
+                "leaving the queue",
+                client.delete(&self.ticket_path(ticket), None),
+            )
+            .await?
+        {
+            Ok(()) | Err(ZkError::NoNode) => Ok(()),
+            Err(e) => Err(self.map_err(e)),
+        }
     }
 }
