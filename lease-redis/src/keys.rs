@@ -26,6 +26,23 @@ pub(crate) fn redis_keys(ns_encoded: &str, key: &str) -> (String, String) {
     (format!("{tag}:lease"), format!("{tag}:fence"))
 }
 
+/// The Redis names of a lease key's queue of waiters (same hash tag as the
+/// lease): (tickets by place, ticket deadlines, place counter).
+pub(crate) fn queue_keys(lease_key: &str) -> (String, String, String) {
+    let tag = lease_key.strip_suffix(":lease").unwrap_or(lease_key);
+    (
+        format!("{tag}:queue"),
+        format!("{tag}:queue-deadlines"),
+        format!("{tag}:queue-counter"),
+    )
+}
+
+/// The release-channel message that announces a waiter leaving the queue of
+/// `key`: a NUL no lease key contains, the key, and the ticket's place.
+pub(crate) fn ticket_message(key: &str, seq: u64) -> String {
+    format!("\0q|{key}|{seq}")
+}
+
 /// The tombstone that cancels one owner's acquire (same hash tag as the lease):
 /// written when an acquire's outcome is unknown, so a queued acquire that runs
 /// later refuses instead of leaving a lease nobody knows about.

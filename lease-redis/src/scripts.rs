@@ -155,3 +155,93 @@ return 0
 ",
     )
 });
+/// The server's clock in ms, inside a script (scripts replicate their
+/// effects, so `TIME` is allowed).
+const NOW_MS: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+";
+
+/// Keeps the queue's keys (ordered tickets, deadlines, counter) at least
+/// `ARGV[2]` ms plus a minute: they go only when no ticket was refreshed for
+/// that long, so the counter never starts again under live tickets.
+const KEEP_QUEUE: &str = r"
+local keep = tonumber(ARGV[2]) + 60000
+for i = 1, 3 do
+  local pttl = redis.call('PTTL', KEYS[i])
+  if pttl >= 0 and pttl < keep then redis.call('PEXPIRE', KEYS[i], keep) end
+  if pttl == -1 then redis.call('PEXPIRE', KEYS[i], keep) end
+end
+";
+
+/// KEYS: the queue's tickets (score: place), deadlines (score: ms), counter.
+/// ARGV: unused, ttl ms. Appends a ticket; returns its place.
+pub(crate) static QUEUE_JOIN: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"{NOW_MS}
+local seq = redis.call('INCR', KEYS[3])
+redis.call('ZADD', KEYS[1], seq, seq)
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), seq)
+{KEEP_QUEUE}
+return seq
+"
+    ))
+});
+
+/// KEYS: tickets, deadlines. ARGV: place. Drops the tickets past their
+/// deadline; returns {-1, 0} when this ticket is gone, {0, 0} when it is
+/// first, else {place ahead, its remaining ms}.
+pub(crate) static QUEUE_PLACE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"{NOW_MS}
+local dead = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
+for _, s in ipairs(dead) do
+  redis.call('ZREM', KEYS[1], s)
+  redis.call('ZREM', KEYS[2], s)
+end
+if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then return {{-1, 0}} end
+local ahead = redis.call('ZREVRANGEBYSCORE', KEYS[1], '(' .. ARGV[1], '-inf', 'LIMIT', 0, 1)
+if #ahead == 0 then return {{0, 0}} end
+local deadline = tonumber(redis.call('ZSCORE', KEYS[2], ahead[1]))
+return {{tonumber(ahead[1]), math.max(deadline - now, 0)}}
+"
+    ))
+});
+
+/// KEYS: tickets, deadlines, counter. ARGV: place, ttl ms. Returns 1 when
+/// the live ticket got `ttl` more from now, 0 when it was gone.
+pub(crate) static QUEUE_REFRESH: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"{NOW_MS}
+local deadline = redis.call('ZSCORE', KEYS[2], ARGV[1])
+if not deadline or tonumber(deadline) <= now then return 0 end
+redis.call('ZADD', KEYS[2], 'XX', now + tonumber(ARGV[2]), ARGV[1])
+{KEEP_QUEUE}
+return 1
+"
+    ))
+});
+
+/// KEYS: tickets, deadlines. ARGV: place, channel, message. Removes the
+/// ticket and announces it on the channel (the waiter behind listens).
+pub(crate) static QUEUE_LEAVE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('PUBLISH', ARGV[2], ARGV[3])
+return 1
+",
+    )
+});
+
+/// KEYS: deadlines. ARGV: place. 1 while the ticket is queued and live.
+pub(crate) static QUEUE_LIVE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"{NOW_MS}
+local deadline = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if deadline and tonumber(deadline) > now then return 1 end
+return 0
+"
+    ))
+});

@@ -8,14 +8,17 @@ use lease_api::backend::ProbedCapabilities;
 use lease_api::{
     Capabilities, DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, ExpiryClock, Failover, FailoverTokens,
     FencingToken, KeyWatch, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Notifications,
-    OwnerId, Result, TokenDurability, TryAcquire, validate_namespace,
+    OwnerId, Place, Result, Ticket, TokenDurability, TryAcquire, WaitQueue, validate_namespace,
 };
 use redis::Value;
 use tokio::time::Instant;
 
-use crate::keys::{cancel_key, encode, redis_keys, release_channel};
+use crate::keys::{cancel_key, encode, queue_keys, redis_keys, release_channel, ticket_message};
 use crate::node::{Node, Timeouts};
-use crate::scripts::{ACQUIRE, EXTEND, EXTEND_BATCH, EXTEND_MANY, INSPECT, RELEASE, held_by};
+use crate::scripts::{
+    ACQUIRE, EXTEND, EXTEND_BATCH, EXTEND_MANY, INSPECT, QUEUE_JOIN, QUEUE_LEAVE, QUEUE_LIVE,
+    QUEUE_PLACE, QUEUE_REFRESH, RELEASE, held_by,
+};
 
 /// The default connect timeout.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -309,7 +312,7 @@ impl RedisProvider {
                 ns_encoded,
                 namespace: config.namespace,
                 hub: Arc::default(),
-                caps: ProbedCapabilities::new(base),
+                caps: ProbedCapabilities::new(base.with_fair_waiting(true)),
             }),
         })
     }
@@ -813,6 +816,10 @@ impl LeaseProvider for RedisProvider {
         tracker.reopen();
     }
 
+    fn wait_queue(&self) -> Option<&dyn WaitQueue> {
+        Some(self)
+    }
+
     async fn watch(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {
         // Registered first: a subscriber that dies while we check it wakes
         // this watch too, instead of nobody.
@@ -822,5 +829,113 @@ impl LeaseProvider for RedisProvider {
             .subscribe(&self.inner.channel, &self.inner.hub)
             .await?;
         Ok(Box::new(watch))
+    }
+}
+
+impl RedisProvider {
+    fn queue_keys(&self, key: &LeaseKey) -> (String, String, String) {
+        queue_keys(&self.keys(key).0)
+    }
+}
+
+/// A watch that wakes at once: the ticket it would wait for is gone.
+struct Ready;
+
+#[async_trait]
+impl KeyWatch for Ready {
+    async fn changed(&mut self, _max: Duration) {}
+}
+
+/// Fair waiting on a sorted set per key (same hash tag as the lease, so one
+/// Redis Cluster slot): tickets ordered by a counter, deadlines on the
+/// server's clock in a second sorted set. A waiter leaving announces it on
+/// the release channel with a message only the waiter behind it listens
+/// for; a dead waiter's ticket is dropped once its deadline passed.
+#[async_trait]
+impl WaitQueue for RedisProvider {
+    async fn join(&self, key: &LeaseKey, ttl: Duration) -> Result<Ticket> {
+        let ttl = self.capabilities().grant_ttl(ttl)?;
+        let (q, d, n) = self.queue_keys(key);
+        let ms = ttl.as_millis().to_string();
+        let seq: u64 = self
+            .inner
+            .node
+            .eval(&QUEUE_JOIN, &[&q, &d, &n], &["", &ms])
+            .await?;
+        Ok(Ticket::new(key.clone(), seq, 0))
+    }
+
+    async fn place(&self, ticket: &Ticket) -> Result<Place> {
+        let (q, d, _) = self.queue_keys(ticket.key());
+        let (ahead, remaining): (i64, i64) = self
+            .inner
+            .node
+            .eval(&QUEUE_PLACE, &[&q, &d], &[&ticket.seq().to_string()])
+            .await?;
+        Ok(match u64::try_from(ahead) {
+            Err(_) => Place::Gone,
+            Ok(0) => Place::First,
+            Ok(seq) => Place::Behind {
+                ahead: Ticket::new(ticket.key().clone(), seq, 0),
+                remaining: Some(Duration::from_millis(u64::try_from(remaining).unwrap_or(0))),
+            },
+        })
+    }
+
+    async fn watch_ticket(&self, ahead: &Ticket) -> Result<Box<dyn KeyWatch>> {
+        // Registered and subscribed first, then looked at: a leave before
+        // the look shows as a missing ticket, one after it as a message.
+        let watch = self
+            .inner
+            .hub
+            .watch(&ticket_message(ahead.key().as_str(), ahead.seq()));
+        self.inner
+            .node
+            .subscribe(&self.inner.channel, &self.inner.hub)
+            .await?;
+        let (_, d, _) = self.queue_keys(ahead.key());
+        let live: i64 = self
+            .inner
+            .node
+            .eval(&QUEUE_LIVE, &[&d], &[&ahead.seq().to_string()])
+            .await?;
+        if live == 1 {
+            Ok(Box::new(watch))
+        } else {
+            Ok(Box::new(Ready))
+        }
+    }
+
+    async fn refresh(&self, ticket: &Ticket, ttl: Duration) -> Result<bool> {
+        let ttl = self.capabilities().grant_ttl(ttl)?;
+        let (q, d, n) = self.queue_keys(ticket.key());
+        let done: i64 = self
+            .inner
+            .node
+            .eval(
+                &QUEUE_REFRESH,
+                &[&q, &d, &n],
+                &[&ticket.seq().to_string(), &ttl.as_millis().to_string()],
+            )
+            .await?;
+        Ok(done == 1)
+    }
+
+    async fn leave(&self, ticket: &Ticket) -> Result<()> {
+        let (q, d, _) = self.queue_keys(ticket.key());
+        let _: i64 = self
+            .inner
+            .node
+            .eval(
+                &QUEUE_LEAVE,
+                &[&q, &d],
+                &[
+                    &ticket.seq().to_string(),
+                    &self.inner.channel,
+                    &ticket_message(ticket.key().as_str(), ticket.seq()),
+                ],
+            )
+            .await?;
+        Ok(())
     }
 }
