@@ -9,7 +9,7 @@ use lease_api::backend::{ProbedCapabilities, WatchHub};
 use lease_api::{
     Capabilities, DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, ExpiryClock, Failover, FailoverTokens,
     FencingToken, KeyWatch, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Notifications,
-    OwnerId, Result, TokenDurability, TryAcquire, validate_namespace,
+    OwnerId, Place, Result, Ticket, TokenDurability, TryAcquire, WaitQueue, validate_namespace,
 };
 use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
 
@@ -19,7 +19,7 @@ use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
 use crate::conns::{Conns, PING_IF_IDLE_FOR};
-use crate::sql::{Statements, payload, validate_identifier};
+use crate::sql::{Statements, payload, ticket_payload, validate_identifier};
 
 /// How to reach PostgreSQL and where the lease table lives.
 #[derive(Clone, Debug)]
@@ -199,7 +199,8 @@ impl PostgresProvider {
             Notifications::Native("PostgreSQL LISTEN/NOTIFY"),
         )
         .with_ttl_limits(Duration::from_millis(10), DEFAULT_MAX_TTL)
-        .with_expiry_slack(Duration::from_millis(5));
+        .with_expiry_slack(Duration::from_millis(5))
+        .with_fair_waiting(true);
         Self::with_capabilities(config, base)
     }
 
@@ -385,6 +386,9 @@ impl PostgresProvider {
                 sqlx::query(s).execute(&mut *tx).await?;
             }
             sqlx::query(&sql.create_table).execute(&mut *tx).await?;
+            sqlx::query(&sql.waiters.create_table)
+                .execute(&mut *tx)
+                .await?;
             let has_holder: bool = sqlx::query_scalar(&sql.has_holder)
                 .fetch_one(&mut *tx)
                 .await?;
@@ -413,7 +417,19 @@ impl PostgresProvider {
                     .execute(self.pool()?),
             )
             .await?;
-        Ok(done.rows_affected())
+        // The fair waiters of those namespaces; a table made before fair
+        // waiting existed has none.
+        let waiters = self
+            .bounded(
+                "purge",
+                sqlx::query(&self.inner.sql.waiters.purge)
+                    .bind(prefix)
+                    .execute(self.pool()?),
+            )
+            .await
+            .map(|d| d.rows_affected())
+            .unwrap_or(0);
+        Ok(done.rows_affected() + waiters)
     }
 
     /// The servers, for connections of the modes built on this provider.
@@ -978,6 +994,12 @@ impl LeaseProvider for PostgresProvider {
         row.map(|r| self.lease_info(&r)).transpose()
     }
 
+    fn wait_queue(&self) -> Option<&dyn WaitQueue> {
+        self.capabilities()
+            .fair_waiting
+            .then_some(self as &dyn WaitQueue)
+    }
+
     async fn watch(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {
         // Registered before the listener is checked: a listener that dies in
         // between wakes this watch too.
@@ -988,4 +1010,149 @@ impl LeaseProvider for PostgresProvider {
         self.ensure_listener().await?;
         Ok(Box::new(watch))
     }
+}
+
+/// A watch that wakes at once: the ticket it would wait for is gone.
+struct Ready;
+
+#[async_trait]
+impl KeyWatch for Ready {
+    async fn changed(&mut self, _max: Duration) {}
+}
+
+/// Fair waiting on a table beside the lease table (`<table>_waiters`): a
+/// row per waiter, ordered by an identity column, with a deadline on the
+/// database clock. Leaving sends a NOTIFY only the waiter behind listens
+/// for; a dead waiter's row is skipped, and dropped, once its deadline
+/// passed.
+#[async_trait]
+impl WaitQueue for PostgresProvider {
+    async fn join(&self, key: &LeaseKey, ttl: Duration) -> Result<Ticket> {
+        let ttl = self.capabilities().grant_ttl(ttl)?;
+        self.ready().await?;
+        let seq: i64 = self
+            .bounded("joining the queue", async {
+                let mut c = self.inner.conns.checkout().await?;
+                let r = sqlx::query_scalar(&self.inner.sql.waiters.join)
+                    .bind(&self.inner.namespace)
+                    .bind(key.as_str())
+                    .bind(micros(ttl))
+                    .fetch_one(c.conn())
+                    .await;
+                c.done(&r);
+                r
+            })
+            .await?;
+        let seq = u64::try_from(seq)
+            .map_err(|_| LeaseError::protocol(format!("negative waiter number {seq}")))?;
+        Ok(Ticket::new(key.clone(), seq, 0))
+    }
+
+    async fn place(&self, ticket: &Ticket) -> Result<Place> {
+        self.ready().await?;
+        let seq = seq_i64(ticket)?;
+        let row = self
+            .bounded("the queue", async {
+                let mut c = self.inner.conns.checkout().await?;
+                let r = sqlx::query(&self.inner.sql.waiters.place)
+                    .bind(&self.inner.namespace)
+                    .bind(ticket.key().as_str())
+                    .bind(seq)
+                    .fetch_one(c.conn())
+                    .await;
+                c.done(&r);
+                r
+            })
+            .await?;
+        let decode = |e: sqlx::Error| self.map_err(e);
+        let own: bool = row.try_get(0).map_err(decode)?;
+        let ahead: Option<i64> = row.try_get(1).map_err(decode)?;
+        let remaining: Option<i64> = row.try_get(2).map_err(decode)?;
+        Ok(match (own, ahead) {
+            (false, _) => Place::Gone,
+            (true, None) => Place::First,
+            (true, Some(ahead)) => Place::Behind {
+                ahead: Ticket::new(ticket.key().clone(), u64::try_from(ahead).unwrap_or(0), 0),
+                remaining: Some(from_micros(remaining.unwrap_or(0))),
+            },
+        })
+    }
+
+    async fn watch_ticket(&self, ahead: &Ticket) -> Result<Box<dyn KeyWatch>> {
+        // Registered and listening first, then looked at: a leave before the
+        // look shows as a missing row, one after it as a notification.
+        let watch = self.inner.hub.watch(&ticket_payload(
+            &self.inner.namespace,
+            ahead.key().as_str(),
+            ahead.seq(),
+        ));
+        self.ensure_listener().await?;
+        let seq = seq_i64(ahead)?;
+        let live: bool = self
+            .bounded("the queue", async {
+                let mut c = self.inner.conns.checkout().await?;
+                let r = sqlx::query_scalar(&self.inner.sql.waiters.live)
+                    .bind(&self.inner.namespace)
+                    .bind(ahead.key().as_str())
+                    .bind(seq)
+                    .fetch_one(c.conn())
+                    .await;
+                c.done(&r);
+                r
+            })
+            .await?;
+        if live {
+            Ok(Box::new(watch))
+        } else {
+            Ok(Box::new(Ready))
+        }
+    }
+
+    async fn refresh(&self, ticket: &Ticket, ttl: Duration) -> Result<bool> {
+        let ttl = self.capabilities().grant_ttl(ttl)?;
+        let seq = seq_i64(ticket)?;
+        let done = self
+            .bounded("refreshing a waiter", async {
+                let mut c = self.inner.conns.checkout().await?;
+                let r = sqlx::query(&self.inner.sql.waiters.refresh)
+                    .bind(&self.inner.namespace)
+                    .bind(ticket.key().as_str())
+                    .bind(seq)
+                    .bind(micros(ttl))
+                    .execute(c.conn())
+                    .await;
+                c.done(&r);
+                r
+            })
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn leave(&self, ticket: &Ticket) -> Result<()> {
+        let seq = seq_i64(ticket)?;
+        self.bounded("leaving the queue", async {
+            let mut c = self.inner.conns.checkout().await?;
+            let r = sqlx::query(&self.inner.sql.waiters.leave)
+                .bind(&self.inner.namespace)
+                .bind(ticket.key().as_str())
+                .bind(seq)
+                .bind(&self.inner.sql.channel)
+                .bind(ticket_payload(
+                    &self.inner.namespace,
+                    ticket.key().as_str(),
+                    ticket.seq(),
+                ))
+                .execute(c.conn())
+                .await;
+            c.done(&r);
+            r
+        })
+        .await?;
+        Ok(())
+    }
+}
+
+fn seq_i64(ticket: &Ticket) -> Result<i64> {
+    i64::try_from(ticket.seq())
+        .map_err(|_| LeaseError::protocol(format!("waiter number {} out of range", ticket.seq())))
 }

@@ -35,6 +35,89 @@ pub(crate) struct Statements {
     pub fence: String,
     pub purge: String,
     pub channel: String,
+    /// The queue of fair waiters, beside the lease table.
+    pub waiters: WaiterStatements,
+}
+
+/// The statements of the fair waiters' table (`<table>_waiters`).
+#[derive(Debug)]
+pub(crate) struct WaiterStatements {
+    pub create_table: String,
+    pub join: String,
+    pub place: String,
+    pub live: String,
+    pub refresh: String,
+    pub leave: String,
+    pub purge: String,
+}
+
+/// The name of the waiters' table of `table`: `<table>_waiters`, or for
+/// long names a readable prefix and a hash, within 63 bytes.
+fn waiters_name(table: &str) -> String {
+    let full = format!("{table}_waiters");
+    if full.len() <= 63 {
+        return full;
+    }
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in full.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{}_{h:016x}_waiters", &table[..38])
+}
+
+impl WaiterStatements {
+    fn new(schema: &str, table: &str) -> Self {
+        let w = format!("\"{schema}\".\"{}\"", waiters_name(table));
+        let live = "namespace = $1 AND key = $2 AND expires_at > clock_timestamp()";
+        WaiterStatements {
+            create_table: format!(
+                "CREATE TABLE IF NOT EXISTS {w} (
+                    namespace  text        NOT NULL,
+                    key        text        NOT NULL,
+                    seq        bigint      GENERATED ALWAYS AS IDENTITY,
+                    expires_at timestamptz NOT NULL,
+                    PRIMARY KEY (namespace, key, seq)
+                )"
+            ),
+            join: format!(
+                "INSERT INTO {w} (namespace, key, expires_at)
+                 VALUES ($1, $2, clock_timestamp() + $3::bigint * interval '1 microsecond')
+                 RETURNING seq"
+            ),
+            // Drops the dead tickets of the key nobody else is dropping (SKIP
+            // LOCKED: no waits, no deadlocks between waiters), then answers
+            // whether ours is live and which live one is just ahead, with its
+            // remaining µs. The main query's snapshot still has the dropped
+            // rows: every read filters on expiry itself.
+            place: format!(
+                "WITH dead AS (
+                    DELETE FROM {w} WHERE ctid IN (
+                        SELECT ctid FROM {w}
+                         WHERE namespace = $1 AND key = $2 AND expires_at <= clock_timestamp()
+                         FOR UPDATE SKIP LOCKED)
+                 )
+                 SELECT EXISTS (SELECT 1 FROM {w} WHERE {live} AND seq = $3),
+                        a.seq,
+                        (extract(epoch from (a.expires_at - clock_timestamp())) * 1000000)::bigint
+                   FROM (SELECT 1) AS one
+                   LEFT JOIN LATERAL (
+                        SELECT seq, expires_at FROM {w} WHERE {live} AND seq < $3
+                         ORDER BY seq DESC LIMIT 1) AS a ON true"
+            ),
+            live: format!("SELECT EXISTS (SELECT 1 FROM {w} WHERE {live} AND seq = $3)"),
+            refresh: format!(
+                "UPDATE {w} SET expires_at = clock_timestamp() + $4::bigint * interval '1 microsecond'
+                  WHERE {live} AND seq = $3"
+            ),
+            leave: format!(
+                "WITH gone AS (
+                    DELETE FROM {w} WHERE namespace = $1 AND key = $2 AND seq = $3 RETURNING 1
+                 )
+                 SELECT pg_notify($4, $5) FROM gone"
+            ),
+            purge: format!("DELETE FROM {w} WHERE left(namespace, length($1)) = $1"),
+        }
+    }
 }
 
 impl Statements {
@@ -122,6 +205,7 @@ impl Statements {
             ),
             purge: format!("DELETE FROM {t} WHERE left(namespace, length($1)) = $1"),
             channel: channel_name(schema, table),
+            waiters: WaiterStatements::new(schema, table),
         }
     }
 }
@@ -144,6 +228,12 @@ fn channel_name(schema: &str, table: &str) -> String {
 /// The NOTIFY payload naming a key: unambiguous for any namespace and key.
 pub(crate) fn payload(namespace: &str, key: &str) -> String {
     format!("{}:{namespace}{key}", namespace.len())
+}
+
+/// The NOTIFY payload announcing that ticket `seq` of a key left its queue:
+/// `q` first, where a key's payload starts with a digit.
+pub(crate) fn ticket_payload(namespace: &str, key: &str, seq: u64) -> String {
+    format!("q{seq}:{}", payload(namespace, key))
 }
 
 #[cfg(test)]
