@@ -6,6 +6,7 @@
 
 mod across;
 mod claims;
+mod fairness;
 #[cfg(feature = "peers")]
 mod peers;
 mod proxy;
@@ -75,6 +76,11 @@ struct Opts {
     /// scripts/bench-claims).
     #[arg(long)]
     claims: bool,
+    /// Run only the fairness section: 64 tasks on one key per backend, plain
+    /// waiters against fair (FIFO) waiters (writes FAIRNESS.md and
+    /// fairness.json; see scripts/bench-fairness).
+    #[arg(long)]
+    fairness: bool,
     /// Leases per session (default 100000; 500 with --smoke).
     #[arg(long)]
     session_leases: Option<usize>,
@@ -866,6 +872,17 @@ async fn main() {
         eprintln!(
             "lease-bench: wrote {}",
             opts.out.join("CLAIMS.md").display()
+        );
+        return;
+    }
+    if opts.fairness {
+        if let Err(e) = fairness::run(&opts.backends, opts.smoke, &opts.out).await {
+            eprintln!("lease-bench: fairness: {e}");
+            std::process::exit(1);
+        }
+        eprintln!(
+            "lease-bench: wrote {}",
+            opts.out.join("FAIRNESS.md").display()
         );
         return;
     }
