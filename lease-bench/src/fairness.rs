@@ -161,11 +161,13 @@ async fn contend(backend: &str, p: &Arc<Counting>, fair: bool, run_for: Duration
     });
     let mut per_task = Vec::new();
     let mut waits = Vec::new();
-    for t in futures_util::future::join_all(tasks).await {
-        if let Ok((got, w)) = t {
-            per_task.push(got);
-            waits.extend(w);
-        }
+    for (got, w) in futures_util::future::join_all(tasks)
+        .await
+        .into_iter()
+        .flatten()
+    {
+        per_task.push(got);
+        waits.extend(w);
     }
     let seconds = started.elapsed().as_secs_f64();
     let acquisitions: u64 = per_task.iter().sum();
