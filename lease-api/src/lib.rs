@@ -97,6 +97,12 @@
 //!   from [`LeaseProvider::session_store`]); a key the store ends fires that
 //!   lease's lost signal only, and when the whole session cannot renew, every
 //!   lease fires by its own local validity.
+//! - **C17 fair waiting.** With [`AcquireOptions::fair`], waiters queue in
+//!   the store ([`LeaseProvider::wait_queue`], a [`WaitQueue`]) and get the key
+//!   in arrival order; each is woken only when the [`Ticket`] ahead of it
+//!   leaves, and a dead waiter's ticket ends with its TTL or session. Declared
+//!   by [`Capabilities::fair_waiting`]; a backend without it refuses a fair
+//!   acquire with [`LeaseError::Config`].
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -130,6 +130,11 @@ enum Command {
         /// How long to wait for the key if it is held ("forever" waits forever). Default: do not wait.
         #[arg(long, value_parser = wait_duration, default_value = "0s")]
         wait: Duration,
+        /// Wait in the store's queue of waiters: runs waiting for KEY get it
+        /// in the order they arrived, each woken only by the one ahead
+        /// (memory, Redis, PostgreSQL, etcd, ZooKeeper; other stores refuse it).
+        #[arg(long)]
+        fair: bool,
         /// Keep the key held at least this long after acquiring it, even if CMD ends sooner.
         #[arg(long, value_parser = duration, default_value = "0s")]
         min_hold: Duration,
@@ -522,6 +527,7 @@ async fn async_main(cli: Cli) -> ExitCode {
             key,
             ttl,
             wait,
+            fair,
             min_hold,
             grace,
             once_per,
@@ -529,17 +535,11 @@ async fn async_main(cli: Cli) -> ExitCode {
             cmd,
         } => {
             let once = once_per.map(|slot| (slot, keep_claim));
-            run(
-                &config,
-                &key,
-                ttl.unwrap_or(config.default_ttl),
-                wait,
-                min_hold,
-                grace,
-                once,
-                &cmd,
-            )
-            .await
+            let mut options = AcquireOptions::ttl(ttl.unwrap_or(config.default_ttl)).wait(wait);
+            if fair {
+                options = options.fair();
+            }
+            run(&config, &key, options, min_hold, grace, once, &cmd).await
         }
         Command::Status { key, json } => status(&config, &key, json).await,
         Command::Conformance { json } => conformance(&config, json).await,
@@ -632,8 +632,7 @@ async fn claim_slot(
 async fn run(
     config: &StoreConfig,
     key: &str,
-    ttl: Duration,
-    wait: Duration,
+    options: AcquireOptions,
     min_hold: Duration,
     grace: Duration,
     once: Option<(String, Option<Duration>)>,
@@ -650,10 +649,11 @@ async fn run(
         Ok(v) => v,
         Err(e) => return fail(error_code(&e), describe(&e)),
     };
+    let ttl = options.ttl;
     if let Err(e) = provider.capabilities().grant_ttl(ttl) {
         return fail(EXIT_USAGE, describe(&e));
     }
-    let acquired = acquire(&provider, &key, AcquireOptions::ttl(ttl).wait(wait)).await;
+    let acquired = acquire(&provider, &key, options).await;
     if !matches!(acquired, Ok(Some(_))) {
         // An attempt that timed out may have left a cancel in flight.
         provider.flush(FLUSH_LIMIT).await;

@@ -1444,3 +1444,91 @@ fn advisory_lease_of_a_killed_run_is_free_at_once_and_its_command_is_gone() {
     );
     assert!(!alive(&command_pid), "the killed run's command still runs");
 }
+
+/// Fair runs (`--fair`) queued behind a holder on Redis run their commands
+/// in the order they arrived; each is seen in the store's queue before the
+/// next one starts.
+#[test]
+fn fair_runs_go_in_arrival_order() {
+    const RUNS: usize = 4;
+    let store = shared("redis");
+    let key = unique("cli-fair");
+    let dir = TempDir::new("lease-cli");
+    let (go, order) = (dir.path().join("go"), dir.path().join("order"));
+    let hold = format!(
+        "echo held > {}; while [ ! -f {} ]; do sleep 0.05; done",
+        dir.path().join("holding").display(),
+        go.display()
+    );
+    let mut holder = run_args(&store, &key, "30s", &[], &["sh", "-c", &hold])
+        .spawn()
+        .expect("start the holder");
+    // Whatever happens below, the holder's command ends with the test.
+    struct Go(PathBuf);
+    impl Drop for Go {
+        fn drop(&mut self) {
+            let _ = std::fs::write(&self.0, b"");
+        }
+    }
+    let _go = Go(go.clone());
+    wait_for_file(&dir.path().join("holding"), Duration::from_secs(30));
+    let queued = |n: usize| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let client = ::redis::Client::open(store_url("LEASE_TEST_REDIS_URL")).unwrap();
+            let mut c = client.get_multiplexed_async_connection().await.unwrap();
+            let until = Instant::now() + Duration::from_secs(30);
+            loop {
+                let waiting: usize = ::redis::cmd("ZCARD")
+                    .arg(format!("{{lease|{key}}}:queue"))
+                    .query_async(&mut c)
+                    .await
+                    .unwrap();
+                if waiting >= n {
+                    return;
+                }
+                assert!(Instant::now() < until, "run {n} never joined the queue");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+    };
+    let mut runs = Vec::new();
+    for i in 0..RUNS {
+        let append = format!("echo {i} >> {}", order.display());
+        runs.push(
+            run_args(
+                &store,
+                &key,
+                "30s",
+                &["--fair", "--wait", "60s"],
+                &["sh", "-c", &append],
+            )
+            .spawn()
+            .expect("start a fair run"),
+        );
+        queued(i + 1);
+    }
+    std::fs::write(&go, b"").unwrap();
+    assert_eq!(wait_exit(&mut holder, Duration::from_secs(30)), Some(0));
+    for (i, r) in runs.iter_mut().enumerate() {
+        assert_eq!(wait_exit(r, Duration::from_secs(60)), Some(0), "run {i}");
+    }
+    let got = std::fs::read_to_string(&order).unwrap();
+    let want: String = (0..RUNS).map(|i| format!("{i}\n")).collect();
+    assert_eq!(got, want, "fair runs went in another order");
+}
+
+/// A store without a queue of waiters refuses `--fair` with the usage code
+/// and says why.
+#[test]
+fn fair_run_on_a_store_without_a_queue_is_refused() {
+    let dir = TempDir::new("lease-cli");
+    let store = format!("sqlite://{}", dir.path().join("l.db").display());
+    let out = output(run_args(&store, "k", "30s", &["--fair"], &["true"]));
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("fair waiting"), "{err}");
+}
