@@ -391,3 +391,62 @@ pub(super) async fn fair_queue_skips_dead_and_departed_waiters(ctx: Ctx) -> Case
     waiter.release(&lease).await?;
     Ok(())
 }
+
+/// A leader cut off from the store (as a paused process is) loses its term
+/// to a follower once its lease ends, not before, and the resource's fence
+/// refuses the old leader's late write while it admits the new leader's.
+pub(super) async fn election_paused_leader_is_fenced(ctx: Ctx) -> CaseResult {
+    use lease_api::Election;
+    let link = Partition::new(ctx.provider().await?);
+    let follower = ctx.provider().await?;
+    let name = ctx.key("election-fenced")?;
+    let ttl = short_ttl(&*follower);
+    let old = Election::new(link.clone(), name.as_str(), ttl)?;
+    let asked = Instant::now();
+    let Some(term) = old.campaign_for(Duration::from_secs(10)).await? else {
+        return Err(CaseError("nobody led a free election".into()));
+    };
+    let gate = FenceGate::new();
+    check!(
+        gate.admit(old.key(), term.token()).is_ok(),
+        "the fence refused the first leader"
+    );
+    link.cut(true);
+    let next = Election::new(Arc::clone(&follower), name.as_str(), ttl)?;
+    let session = follower.capabilities().holder_session.unwrap_or_default();
+    let wait = expiry_bound(&*follower, ttl) * 2 + session;
+    let Some(new_term) = next.campaign_for(wait).await? else {
+        return Err(CaseError(format!(
+            "the follower did not lead within {wait:?} of the leader being cut off"
+        )));
+    };
+    let led = Instant::now();
+    if follower.capabilities().holder_session.is_none() {
+        // The old term's lease was granted after `asked`: it ran at least
+        // until `asked + ttl` (less a little for rate differences of clocks).
+        let earliest = asked + ttl - Duration::from_millis(50);
+        check!(
+            led >= earliest,
+            "the follower led {:?} before the cut-off leader's lease could end",
+            earliest - led
+        );
+    }
+    check!(
+        new_term.token() > term.token(),
+        "the new term's token {} is not above the old one's {}",
+        new_term.token(),
+        term.token()
+    );
+    check!(
+        gate.admit(next.key(), new_term.token()).is_ok(),
+        "the fence refused the new leader"
+    );
+    check!(
+        gate.admit(old.key(), term.token()).is_err(),
+        "the fence admitted the cut-off leader's late write after the new leader's"
+    );
+    link.cut(false);
+    new_term.resign().await?;
+    drop(term);
+    Ok(())
+}
