@@ -9,8 +9,11 @@
 //! watches only the ticket just ahead of it. The first in line alone watches
 //! the key and takes it when it is freed; it then leaves the queue, which
 //! wakes its successor. A waiter that dies leaves a ticket that ends with its
-//! TTL (or its session), so a crashed waiter holds the line up for one TTL
-//! at most.
+//! own TTL (the lease's, bounded by [`MAX_TICKET_TTL`]) or its session, so a
+//! crashed waiter holds the line up for seconds, not for a lease's TTL. A
+//! waiter paused past its ticket's TTL joins again at the end of the line;
+//! a store that is briefly unavailable is retried until the wait runs out,
+//! keeping the ticket.
 //!
 //! Fairness holds among fair waiters: a plain `acquire` or `try_acquire`
 //! does not look at the queue and may take a freed key first.
@@ -126,8 +129,11 @@ impl<P: LeaseProvider + ?Sized + 'static> Held<P> {
     }
 }
 
-impl<P: LeaseProvider + ?Sized + 'static> Drop for Held<P> {
-    fn drop(&mut self) {
+impl<P: LeaseProvider + ?Sized + 'static> Held<P> {
+    /// Leaves the queue in the background, retrying a store that does not
+    /// answer for a while (on ZooKeeper a ticket lives as long as the
+    /// session, so a leave that failed would hold the line up).
+    fn leave_now(&mut self) {
         let Some(ticket) = self.ticket.take() else {
             return;
         };
@@ -136,13 +142,62 @@ impl<P: LeaseProvider + ?Sized + 'static> Drop for Held<P> {
         };
         let provider = Arc::clone(&self.provider);
         runtime.spawn(async move {
-            if let Some(queue) = provider.wait_queue()
-                && let Err(e) = queue.leave(&ticket).await
-            {
-                tracing::debug!(key = %ticket.key(), error = %e, "could not leave the queue of waiters; the ticket ends with its TTL");
+            let Some(queue) = provider.wait_queue() else {
+                return;
+            };
+            let mut pause = Duration::from_millis(100);
+            for _ in 0..8 {
+                match queue.leave(&ticket).await {
+                    Ok(()) => return,
+                    Err(e) if e.is_transient() => {
+                        tracing::debug!(key = %ticket.key(), error = %e, "could not leave the queue of waiters yet; retrying");
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_secs(5));
+                    }
+                    Err(e) => {
+                        tracing::warn!(key = %ticket.key(), error = %e, "could not leave the queue of waiters; the ticket ends with its TTL or session");
+                        return;
+                    }
+                }
             }
         });
     }
+}
+
+impl<P: LeaseProvider + ?Sized + 'static> Drop for Held<P> {
+    fn drop(&mut self) {
+        self.leave_now();
+    }
+}
+
+/// The longest a ticket lives without a refresh, whatever the lease's TTL:
+/// a waiter that died holds the line up for this long at most.
+pub const MAX_TICKET_TTL: Duration = Duration::from_secs(10);
+
+/// The shortest ticket TTL, so that a join and the next look fit well
+/// within it.
+const MIN_TICKET_TTL: Duration = Duration::from_millis(500);
+
+/// Joins in a task of its own: if the caller's future is dropped while the
+/// join is in flight, the task leaves the ticket it got, so an abandoned
+/// join never leaves a ticket nobody refreshes or removes.
+async fn join<P>(provider: &Arc<P>, key: &LeaseKey, ttl: Duration) -> Result<Ticket>
+where
+    P: LeaseProvider + ?Sized + 'static,
+{
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (p, k) = (Arc::clone(provider), key.clone());
+    tokio::spawn(async move {
+        let Some(queue) = p.wait_queue() else {
+            return;
+        };
+        let joined = queue.join(&k, ttl).await;
+        if let Err(Ok(ticket)) = tx.send(joined) {
+            let _ = queue.leave(&ticket).await;
+        }
+    });
+    rx.await
+        .map_err(|_| LeaseError::protocol("the join task ended without an answer"))?
 }
 
 /// The fair path of [`acquire`](crate::acquire): waits in the key's queue
@@ -166,86 +221,148 @@ where
             caps.backend
         )));
     };
-    let started = Instant::now();
     let deadline = crate::deadline_in(wait);
-    // A ticket is refreshed a few times per TTL while its waiter waits.
-    let refresh_every = (ttl / 3).max(Duration::from_millis(1));
+    // Tickets have a TTL of their own, bounded whatever the lease's: a dead
+    // waiter holds the line up for seconds, not for a lease's hour.
+    let ticket_ttl = caps.practical_ttl(ttl.clamp(MIN_TICKET_TTL, MAX_TICKET_TTL));
+    let refresh_every = (ticket_ttl / 3).max(Duration::from_millis(1));
     let mut held = Held {
         provider: Arc::clone(provider),
-        ticket: Some(queue.join(key, ttl).await?),
+        ticket: None,
     };
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let step = fair_round(
+            provider,
+            queue,
+            &mut held,
+            key,
+            (ttl, ticket_ttl, refresh_every),
+            deadline,
+            waited,
+        )
+        .await;
+        match step {
+            Ok(Round::Done(lease)) => {
+                // Leaving wakes the successor, which then watches the key:
+                // the guard does it in the background, so the lease is
+                // returned at once and a caller dropped now cannot lose it.
+                drop(held);
+                return Ok(lease);
+            }
+            Ok(Round::Again) => backoff = Duration::from_millis(50),
+            Err(e) => {
+                // A store blip: keep the ticket (it outlives a short outage)
+                // and retry until the wait runs out, as a plain waiter does.
+                let now = Instant::now();
+                if !e.is_transient() || now + backoff >= deadline {
+                    return Err(e);
+                }
+                tracing::debug!(key = %key, error = %e, "store unavailable while waiting in line; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+enum Round {
+    /// Acquired, or not within the wait.
+    Done(Option<Lease>),
+    /// The ticket was lost (expired while this waiter was paused, or gone
+    /// while it was first): go round with a new one.
+    Again,
+}
+
+/// One pass: a ticket (joining if there is none), the wait in line, the wait
+/// for the key once first.
+async fn fair_round<P>(
+    provider: &Arc<P>,
+    queue: &dyn WaitQueue,
+    held: &mut Held<P>,
+    key: &LeaseKey,
+    (ttl, ticket_ttl, refresh_every): (Duration, Duration, Duration),
+    deadline: Instant,
+    waited: &mut Duration,
+) -> Result<Round>
+where
+    P: LeaseProvider + ?Sized + 'static,
+{
+    let round_started = Instant::now();
+    if held.ticket.is_none() {
+        if Instant::now() >= deadline {
+            return Ok(Round::Done(None));
+        }
+        held.ticket = Some(join(provider, key, ticket_ttl).await?);
+    }
     let mut next_refresh = Instant::now() + refresh_every;
     loop {
         let ticket = held.ticket()?.clone();
-        let ahead = match queue.place(&ticket).await? {
+        let (ahead, remaining) = match queue.place(&ticket).await? {
             Place::First => break,
             Place::Gone => {
                 // Our ticket ran out (this process was paused or cut off for
-                // a TTL): join again at the end of the line.
+                // a ticket's TTL): join again at the end of the line.
                 tracing::debug!(key = %key, "the fair waiter's ticket expired; joining the queue again");
                 held.ticket = None;
-                held.ticket = Some(queue.join(key, ttl).await?);
-                next_refresh = Instant::now() + refresh_every;
-                continue;
+                return Ok(Round::Again);
             }
             Place::Behind { ahead, remaining } => (ahead, remaining),
         };
-        let (ahead, remaining) = ahead;
         let mut watch = queue.watch_ticket(&ahead).await?;
         let now = Instant::now();
         if now >= deadline {
-            *waited += now - started;
-            if let Err(e) = queue.leave(&ticket).await {
-                tracing::debug!(key = %key, error = %e, "could not leave the queue of waiters; the ticket ends with its TTL");
-            }
-            held.ticket = None;
-            return Ok(None);
+            *waited += now - round_started;
+            // Leaves in the background through the guard.
+            held.leave_now();
+            return Ok(Round::Done(None));
         }
         // Wake when the ticket ahead leaves, when it would expire, when ours
-        // is due a refresh, or at the deadline.
+        // is due a refresh, or at the deadline; never sleep longer than
+        // MAX_BLIND_WAIT on one notification.
         let until_expiry = remaining
             .map(|r| r.saturating_add(Duration::from_millis(1)))
-            .unwrap_or(MAX_BLIND_WAIT);
+            .unwrap_or(MAX_BLIND_WAIT)
+            .min(MAX_BLIND_WAIT);
         let until = (now + until_expiry)
             .min(deadline)
             .min(next_refresh.max(now));
         watch.changed(until - now).await;
         if Instant::now() >= next_refresh {
-            if !queue.refresh(&ticket, ttl).await? {
+            if !queue.refresh(&ticket, ticket_ttl).await? {
                 held.ticket = None;
-                held.ticket = Some(queue.join(key, ttl).await?);
+                return Ok(Round::Again);
             }
             next_refresh = Instant::now() + refresh_every;
         }
     }
-    *waited += started.elapsed();
+    *waited += round_started.elapsed();
     // First in line: wait for the key itself, the only waiter of this queue
-    // that does, keeping the ticket alive meanwhile.
+    // that does, keeping the ticket alive meanwhile. A ticket that is gone
+    // (this process was paused for its TTL) sends the waiter back in line:
+    // the next waiter is first by now.
     let remaining_wait = deadline.saturating_duration_since(Instant::now());
     let ticket = held.ticket()?.clone();
     let keep = async {
         loop {
             tokio::time::sleep(refresh_every).await;
-            match queue.refresh(&ticket, ttl).await {
+            match queue.refresh(&ticket, ticket_ttl).await {
                 Ok(true) => {}
-                Ok(false) => {
-                    tracing::debug!(key = %key, "the first waiter's ticket expired while it waited for the key")
-                }
+                Ok(false) => return,
                 Err(e) => {
                     tracing::debug!(key = %key, error = %e, "could not refresh the fair waiter's ticket")
                 }
             }
         }
     };
-    let acquired = tokio::select! {
-        r = crate::provider::acquire_waiting(provider, key, ttl, remaining_wait, waited) => r,
-        () = keep => Err(LeaseError::protocol("the ticket refresh loop ended")),
-    };
-    // Leaving wakes the successor, which then watches the key. Dropped
-    // halfway, the guard leaves again (leaving is idempotent).
-    if let Err(e) = queue.leave(&ticket).await {
-        tracing::debug!(key = %key, error = %e, "could not leave the queue of waiters; the ticket ends with its TTL");
+    tokio::select! {
+        r = crate::provider::acquire_waiting(provider, key, ttl, remaining_wait, waited) => {
+            r.map(Round::Done)
+        }
+        () = keep => {
+            tracing::debug!(key = %key, "the first waiter's ticket expired while it waited for the key; back in line");
+            held.ticket = None;
+            Ok(Round::Again)
+        }
     }
-    held.ticket = None;
-    acquired
 }

@@ -131,7 +131,7 @@ pub use caps::{
 };
 pub use election::{Callbacks, Election, Leader, Leadership};
 pub use error::{BoxError, LeaseError, Result};
-pub use fair::{Place, Ticket, WaitQueue};
+pub use fair::{MAX_TICKET_TTL, Place, Ticket, WaitQueue};
 pub use fence::{FenceGate, StaleToken};
 pub use guard::{GuardConfig, LeaseGuard, LostReason};
 pub use holder::{MAX_HOLDER_BYTES, holder, set_holder, validate_holder};

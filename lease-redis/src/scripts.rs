@@ -199,11 +199,20 @@ for _, s in ipairs(dead) do
   redis.call('ZREM', KEYS[1], s)
   redis.call('ZREM', KEYS[2], s)
 end
-if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then return {{-1, 0}} end
-local ahead = redis.call('ZREVRANGEBYSCORE', KEYS[1], '(' .. ARGV[1], '-inf', 'LIMIT', 0, 1)
-if #ahead == 0 then return {{0, 0}} end
-local deadline = tonumber(redis.call('ZSCORE', KEYS[2], ahead[1]))
-return {{tonumber(ahead[1]), math.max(deadline - now, 0)}}
+if not redis.call('ZSCORE', KEYS[2], ARGV[1]) or not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  return {{-1, 0}}
+end
+-- A ticket without a deadline (one of the two sets lost an entry, as an
+-- eviction can do) counts as dead.
+while true do
+  local ahead = redis.call('ZREVRANGEBYSCORE', KEYS[1], '(' .. ARGV[1], '-inf', 'LIMIT', 0, 1)
+  if #ahead == 0 then return {{0, 0}} end
+  local deadline = redis.call('ZSCORE', KEYS[2], ahead[1])
+  if deadline then
+    return {{tonumber(ahead[1]), math.max(tonumber(deadline) - now, 0)}}
+  end
+  redis.call('ZREM', KEYS[1], ahead[1])
+end
 "
     ))
 });

@@ -1105,6 +1105,36 @@ impl ZkProvider {
     }
 }
 
+impl ZkProvider {
+    /// Deletes the waiter node carrying `mark` under `waiters`, after a join
+    /// whose outcome is unknown; in the background, on the same session,
+    /// until the session could have expired.
+    fn remove_marked_in_background(&self, client: Client, waiters: String, mark: String) {
+        let until = Instant::now() + self.inner.config.session_timeout;
+        self.inner.cleanups.spawn(async move {
+            while Instant::now() < until {
+                let step = Duration::from_secs(1);
+                if let Ok(Ok(children)) =
+                    tokio::time::timeout(step, client.list_children(&waiters)).await
+                {
+                    for child in children {
+                        let path = format!("{waiters}/{child}");
+                        if let Ok(Ok((data, _))) =
+                            tokio::time::timeout(step, client.get_data(&path)).await
+                            && data == mark.as_bytes()
+                        {
+                            let _ = tokio::time::timeout(step, client.delete(&path, None)).await;
+                            tracing::info!(node = %path, "removed the waiter node of a join that had failed");
+                            return;
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+    }
+}
+
 /// ZooKeeper's suffix of sequence number `seq`: ten digits, nineteen past
 /// `i32::MAX`.
 fn sequence_suffix(seq: u64) -> String {
@@ -1127,11 +1157,25 @@ impl WaitQueue for ZkProvider {
         let waiters = self.waiters_path(key);
         let mode = CreateMode::EphemeralSequential.with_acls(self.acls());
         let node = format!("{waiters}/w-");
+        // The node's data names this join, so a create whose answer was lost
+        // can be found and removed: on ZooKeeper a ticket lives as long as
+        // the session, not a TTL.
+        let mark = OwnerId::random().to_hex();
         for _ in 0..3 {
-            match self
-                .bounded("joining the queue", client.create(&node, b"", &mode))
-                .await?
+            let created = match self
+                .bounded(
+                    "joining the queue",
+                    client.create(&node, mark.as_bytes(), &mode),
+                )
+                .await
             {
+                Ok(r) => r,
+                Err(e) => {
+                    self.remove_marked_in_background(client.clone(), waiters.clone(), mark);
+                    return Err(e);
+                }
+            };
+            match created {
                 Ok((_, seq)) => {
                     let seq = u64::try_from(seq.into_i64()).map_err(|_| {
                         LeaseError::protocol("ZooKeeper gave a negative sequence number")
@@ -1150,6 +1194,10 @@ impl WaitQueue for ZkProvider {
                         Ok(_) | Err(ZkError::NodeExists) => {}
                         Err(e) => return Err(self.map_err(e)),
                     }
+                }
+                Err(e @ ZkError::ConnectionLoss) => {
+                    self.remove_marked_in_background(client.clone(), waiters.clone(), mark);
+                    return Err(self.map_err(e));
                 }
                 Err(e) => return Err(self.map_err(e)),
             }
