@@ -246,12 +246,12 @@ async fn refuses_fair(p: &Arc<dyn LeaseProvider>, key: &LeaseKey) -> CaseResult 
     }
 }
 
-/// Waits until the queue of `key` shows a ticket other than `last` at its
-/// end (the waiter just started has joined) and returns that ticket.
+/// Waits until the queue of `key` shows a ticket at its end that is none
+/// of `known` (the waiter just started has joined) and returns it.
 async fn await_joined(
     p: &dyn LeaseProvider,
     key: &LeaseKey,
-    last: Option<u64>,
+    known: &[u64],
 ) -> Result<u64, CaseError> {
     let Some(queue) = p.wait_queue() else {
         return Err(CaseError("no queue of waiters".into()));
@@ -262,7 +262,7 @@ async fn await_joined(
         let place = queue.place(&probe).await;
         queue.leave(&probe).await?;
         if let lease_api::Place::Behind { ahead, .. } = place?
-            && Some(ahead.seq()) != last
+            && !known.contains(&ahead.seq())
         {
             return Ok(ahead.seq());
         }
@@ -288,7 +288,7 @@ pub(super) async fn fair_waiters_are_served_in_arrival_order(ctx: Ctx) -> CaseRe
     let first = must_acquire(&*holder, &key, ttl).await?;
     let order = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
-    let mut last = None;
+    let mut seen = Vec::new();
     for i in 0..WAITERS {
         let p = ctx.provider().await?;
         let (k, order) = (key.clone(), Arc::clone(&order));
@@ -308,7 +308,8 @@ pub(super) async fn fair_waiters_are_served_in_arrival_order(ctx: Ctx) -> CaseRe
             p.release(&lease).await?;
             Ok::<_, CaseError>(())
         }));
-        last = Some(await_joined(&*holder, &key, last).await?);
+        let seq = await_joined(&*holder, &key, &seen).await?;
+        seen.push(seq);
     }
     holder.release(&first).await?;
     for t in join_all(tasks).await {
@@ -336,32 +337,76 @@ pub(super) async fn fair_queue_skips_dead_and_departed_waiters(ctx: Ctx) -> Case
     if !declares_fair(&*waiter) {
         return refuses_fair(&waiter, &key).await;
     }
-    // A waiter that gave up: the key is held, its wait runs out.
+    // Behind a first waiter, one waiter's wait runs out and another's
+    // future is dropped: both leave the line at once, so the waiter behind
+    // them gets the key as soon as the first one is done with it.
     let holder = ctx.provider().await?;
+    let ttl = long_ttl(&*waiter);
     let lease = must_acquire(&*holder, &key, long_ttl(&*holder)).await?;
-    let quick = AcquireOptions::ttl(long_ttl(&*waiter))
-        .wait(Duration::from_millis(300))
-        .fair();
+    let fair = move |wait: Duration| AcquireOptions::ttl(ttl).wait(wait).fair();
+    let first = {
+        let (p, k) = (Arc::clone(&waiter), key.clone());
+        tokio::spawn(async move {
+            let lease = acquire(&p, &k, fair(Duration::from_secs(60))).await?;
+            if let Some(l) = &lease {
+                p.release(l).await?;
+            }
+            Ok::<_, LeaseError>(lease.is_some())
+        })
+    };
+    let mut seen = vec![await_joined(&*waiter, &key, &[]).await?];
+    let gave_up = {
+        let (p, k) = (ctx.provider().await?, key.clone());
+        tokio::spawn(async move { acquire(&p, &k, fair(Duration::from_secs(3))).await })
+    };
+    seen.push(await_joined(&*waiter, &key, &seen).await?);
+    let dropped = {
+        let (p, k) = (ctx.provider().await?, key.clone());
+        tokio::spawn(async move {
+            tokio::time::timeout(
+                Duration::from_secs(3),
+                acquire(&p, &k, fair(Duration::from_secs(60))),
+            )
+            .await
+        })
+    };
+    seen.push(await_joined(&*waiter, &key, &seen).await?);
     check!(
-        acquire(&waiter, &key, quick).await?.is_none(),
-        "a fair waiter took a held key"
+        matches!(gave_up.await, Ok(Ok(None))),
+        "a fair waiter whose wait ran out did not answer None"
     );
+    check!(
+        matches!(dropped.await, Ok(Err(_))),
+        "a dropped fair acquire finished"
+    );
+    let behind = {
+        let (p, k) = (ctx.provider().await?, key.clone());
+        tokio::spawn(async move {
+            let lease = acquire(&p, &k, fair(Duration::from_secs(60))).await?;
+            let at = Instant::now();
+            if let Some(l) = &lease {
+                p.release(l).await?;
+            }
+            Ok::<_, LeaseError>(lease.map(|_| at))
+        })
+    };
+    await_joined(&*waiter, &key, &seen).await?;
     holder.release(&lease).await?;
     let released = Instant::now();
-    let options = AcquireOptions::ttl(long_ttl(&*waiter))
-        .wait(Duration::from_secs(10))
-        .fair();
-    let Some(lease) = acquire(&waiter, &key, options).await? else {
+    check!(
+        matches!(first.await, Ok(Ok(true))),
+        "the first fair waiter did not get the released key"
+    );
+    let Ok(Ok(Some(at))) = behind.await else {
         return Err(CaseError(
-            "a fair waiter behind one that gave up did not get a free key in 10 s".into(),
+            "the fair waiter behind those that left never got the key".into(),
         ));
     };
     check!(
-        released.elapsed() < TOLERANCE,
-        "a free key took {:?} to reach the next fair waiter: the waiter that gave up stayed in line",
-        released.elapsed()
+        at.duration_since(released) < TOLERANCE,
+        "the fair waiter behind those that left got the key {:?} after its release: their tickets stayed in line",
+        at.duration_since(released)
     );
-    waiter.release(&lease).await?;
 
     // A waiter that died: its ticket stays until its TTL.
     let crashed = ctx.provider().await?;
