@@ -55,3 +55,13 @@ pub fn is_tls_refusal(e: &(dyn std::error::Error + 'static)) -> bool {
     }
     false
 }
+
+/// A watch that wakes at once: what [`WaitQueue::watch_ticket`](crate::WaitQueue::watch_ticket)
+/// returns for a ticket that is gone already.
+#[derive(Debug)]
+pub struct ReadyWatch;
+
+#[async_trait::async_trait]
+impl crate::KeyWatch for ReadyWatch {
+    async fn changed(&mut self, _max: Duration) {}
+}

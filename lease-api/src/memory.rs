@@ -385,14 +385,6 @@ impl LeaseProvider for MemoryProvider {
     }
 }
 
-/// A watch that wakes at once: the ticket it would wait for is gone.
-struct Ready;
-
-#[async_trait]
-impl KeyWatch for Ready {
-    async fn changed(&mut self, _max: Duration) {}
-}
-
 #[async_trait]
 impl WaitQueue for MemoryProvider {
     async fn join(&self, key: &LeaseKey, ttl: Duration) -> Result<Ticket> {
@@ -439,7 +431,7 @@ impl WaitQueue for MemoryProvider {
             .map(|w| Arc::clone(&w.left));
         Ok(match left {
             Some(left) => Box::new(NotifyWatch::new(left)),
-            None => Box::new(Ready),
+            None => Box::new(crate::backend::ReadyWatch),
         })
     }
 

@@ -6,15 +6,13 @@
 use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use lease::{
-    AcquireOptions, Capabilities, KeyWatch, Lease, LeaseInfo, LeaseKey, LeaseProvider,
-    Result as LeaseResult, Store, TryAcquire, WaitQueue, acquire,
-};
+use lease::{AcquireOptions, LeaseKey, LeaseProvider, Store, acquire};
 use serde::Serialize;
+
+use crate::Counting;
 use tokio::time::Instant;
 
 const TASKS: usize = 64;
@@ -40,45 +38,6 @@ pub struct Row {
     pub tries_per_acquisition: f64,
 }
 
-/// Counts `try_acquire` calls; everything else goes straight through.
-#[derive(Debug)]
-struct Counting {
-    inner: Arc<dyn LeaseProvider>,
-    tries: AtomicU64,
-}
-
-#[async_trait]
-impl LeaseProvider for Counting {
-    fn capabilities(&self) -> &Capabilities {
-        self.inner.capabilities()
-    }
-    fn namespace(&self) -> &str {
-        self.inner.namespace()
-    }
-    fn watch_reports_state(&self) -> bool {
-        self.inner.watch_reports_state()
-    }
-    async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> LeaseResult<TryAcquire> {
-        self.tries.fetch_add(1, Ordering::Relaxed);
-        self.inner.try_acquire(key, ttl).await
-    }
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> LeaseResult<Lease> {
-        self.inner.extend(lease, ttl).await
-    }
-    async fn release(&self, lease: &Lease) -> LeaseResult<()> {
-        self.inner.release(lease).await
-    }
-    async fn inspect(&self, key: &LeaseKey) -> LeaseResult<Option<LeaseInfo>> {
-        self.inner.inspect(key).await
-    }
-    async fn watch(&self, key: &LeaseKey) -> LeaseResult<Box<dyn KeyWatch>> {
-        self.inner.watch(key).await
-    }
-    fn wait_queue(&self) -> Option<&dyn WaitQueue> {
-        self.inner.wait_queue()
-    }
-}
-
 /// Runs both modes on every backend and writes the report to `out`.
 pub async fn run(backends: &[String], smoke: bool, out: &Path) -> Result<(), String> {
     let run_for = if smoke {
@@ -93,10 +52,7 @@ pub async fn run(backends: &[String], smoke: bool, out: &Path) -> Result<(), Str
         let inner = store
             .build(&ns, Duration::from_secs(2), Duration::from_secs(5))
             .map_err(|e| format!("{b}: {e}"))?;
-        let provider = Arc::new(Counting {
-            inner,
-            tries: AtomicU64::new(0),
-        });
+        let provider = Arc::new(Counting::new(inner));
         for fair in [false, true] {
             if fair && !provider.capabilities().fair_waiting {
                 eprintln!("lease-bench: {b} offers no fair waiting");

@@ -197,11 +197,23 @@ pub struct BackendResult {
     pub errors: Vec<String>,
 }
 
-/// Counts store calls that go through it.
+/// Counts store calls that go through it: renewals, and tries (the herd a
+/// release wakes, in the fairness section).
 #[derive(Debug)]
-struct Counting {
-    inner: Arc<dyn LeaseProvider>,
-    extends: AtomicU64,
+pub(crate) struct Counting {
+    pub(crate) inner: Arc<dyn LeaseProvider>,
+    pub(crate) extends: AtomicU64,
+    pub(crate) tries: AtomicU64,
+}
+
+impl Counting {
+    pub(crate) fn new(inner: Arc<dyn LeaseProvider>) -> Self {
+        Counting {
+            inner,
+            extends: AtomicU64::new(0),
+            tries: AtomicU64::new(0),
+        }
+    }
 }
 
 #[async_trait]
@@ -216,6 +228,7 @@ impl LeaseProvider for Counting {
         self.inner.watch_reports_state()
     }
     async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> LeaseResult<TryAcquire> {
+        self.tries.fetch_add(1, Ordering::Relaxed);
         self.inner.try_acquire(key, ttl).await
     }
     async fn extend(&self, lease: &Lease, ttl: Duration) -> LeaseResult<Lease> {
@@ -243,6 +256,9 @@ impl LeaseProvider for Counting {
         ttl: Duration,
     ) -> LeaseResult<Option<Arc<dyn lease::SessionStore>>> {
         self.inner.session_store(ttl).await
+    }
+    fn wait_queue(&self) -> Option<&dyn lease::WaitQueue> {
+        self.inner.wait_queue()
     }
 }
 
@@ -680,10 +696,7 @@ pub(crate) fn peak_rss_mib() -> f64 {
 }
 
 async fn many(p: &Arc<dyn LeaseProvider>, n: usize, hold_for: Duration) -> LeaseResult<Many> {
-    let counting = Arc::new(Counting {
-        inner: Arc::clone(p),
-        extends: AtomicU64::new(0),
-    });
+    let counting = Arc::new(Counting::new(Arc::clone(p)));
     let ttl = p.capabilities().practical_ttl(Duration::from_secs(6));
     let mut guards = Vec::with_capacity(n);
     let mut failed = 0;

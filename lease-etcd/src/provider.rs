@@ -868,20 +868,7 @@ impl LeaseProvider for EtcdProvider {
         let mut stream = self
             .call("watch", |mut c| async move { c.watch(k, None).await })
             .await?;
-        let limit = self.inner.config.request_timeout;
-        match tokio::time::timeout(limit, stream.message()).await {
-            Ok(Ok(Some(r))) if r.created() => {}
-            Ok(Err(e)) => return Err(self.map_err(e)),
-            _ => {
-                return Err(LeaseError::Unavailable {
-                    message: format!(
-                        "etcd at {} did not confirm a watch in time",
-                        self.inner.display
-                    ),
-                    source: None,
-                });
-            }
-        }
+        self.confirmed(&mut stream).await?;
         Ok(Box::new(EtcdWatch {
             stream: Some(stream),
             key: self.etcd_key(key),
@@ -945,6 +932,23 @@ impl KeyWatch for EtcdWatch {
 }
 
 impl EtcdProvider {
+    /// Waits for etcd to confirm a new watch: from then on, every change of
+    /// its key is delivered.
+    async fn confirmed(&self, stream: &mut WatchStream) -> Result<()> {
+        let limit = self.inner.config.request_timeout;
+        match tokio::time::timeout(limit, stream.message()).await {
+            Ok(Ok(Some(r))) if r.created() => Ok(()),
+            Ok(Err(e)) => Err(self.map_err(e)),
+            _ => Err(LeaseError::Unavailable {
+                message: format!(
+                    "etcd at {} did not confirm a watch in time",
+                    self.inner.display
+                ),
+                source: None,
+            }),
+        }
+    }
+
     /// The prefix of `key`'s queue of waiters: beside the lease keys of the
     /// namespace, under a NUL byte no lease key contains, and closed by
     /// another NUL so that the queue of `a` is not a prefix of that of `a/b`.
@@ -1052,20 +1056,7 @@ impl WaitQueue for EtcdProvider {
         let mut stream = self
             .call("watch", |mut c| async move { c.watch(watched, None).await })
             .await?;
-        let limit = self.inner.config.request_timeout;
-        match tokio::time::timeout(limit, stream.message()).await {
-            Ok(Ok(Some(r))) if r.created() => {}
-            Ok(Err(e)) => return Err(self.map_err(e)),
-            _ => {
-                return Err(LeaseError::Unavailable {
-                    message: format!(
-                        "etcd at {} did not confirm a watch in time",
-                        self.inner.display
-                    ),
-                    source: None,
-                });
-            }
-        }
+        self.confirmed(&mut stream).await?;
         let found = self
             .call("get", |mut c| async move {
                 c.get(k, Some(GetOptions::new().with_keys_only())).await

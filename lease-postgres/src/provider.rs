@@ -1012,14 +1012,6 @@ impl LeaseProvider for PostgresProvider {
     }
 }
 
-/// A watch that wakes at once: the ticket it would wait for is gone.
-struct Ready;
-
-#[async_trait]
-impl KeyWatch for Ready {
-    async fn changed(&mut self, _max: Duration) {}
-}
-
 /// Fair waiting on a table beside the lease table (`<table>_waiters`): a
 /// row per waiter, ordered by an identity column, with a deadline on the
 /// database clock. Leaving sends a NOTIFY only the waiter behind listens
@@ -1104,7 +1096,7 @@ impl WaitQueue for PostgresProvider {
         if live {
             Ok(Box::new(watch))
         } else {
-            Ok(Box::new(Ready))
+            Ok(Box::new(lease_api::backend::ReadyWatch))
         }
     }
 

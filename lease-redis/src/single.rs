@@ -838,14 +838,6 @@ impl RedisProvider {
     }
 }
 
-/// A watch that wakes at once: the ticket it would wait for is gone.
-struct Ready;
-
-#[async_trait]
-impl KeyWatch for Ready {
-    async fn changed(&mut self, _max: Duration) {}
-}
-
 /// Fair waiting on a sorted set per key (same hash tag as the lease, so one
 /// Redis Cluster slot): tickets ordered by a counter, deadlines on the
 /// server's clock in a second sorted set. A waiter leaving announces it on
@@ -902,7 +894,7 @@ impl WaitQueue for RedisProvider {
         if live == 1 {
             Ok(Box::new(watch))
         } else {
-            Ok(Box::new(Ready))
+            Ok(Box::new(lease_api::backend::ReadyWatch))
         }
     }
 
