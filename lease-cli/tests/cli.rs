@@ -1445,6 +1445,71 @@ fn advisory_lease_of_a_killed_run_is_free_at_once_and_its_command_is_gone() {
     assert!(!alive(&command_pid), "the killed run's command still runs");
 }
 
+/// Writes `go` when dropped: the fair tests' holder command ends with the
+/// test, whatever happens in it.
+struct Go(PathBuf);
+
+impl Drop for Go {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.0, b"");
+    }
+}
+
+/// A `lease run` on Redis holding `key` until the returned guard writes its
+/// `go` file (or is dropped).
+fn fair_holder(store: &str, key: &str, dir: &TempDir) -> (Child, Go) {
+    let go = dir.path().join("go");
+    let hold = format!(
+        "echo held > {}; while [ ! -f {} ]; do sleep 0.05; done",
+        dir.path().join("holding").display(),
+        go.display()
+    );
+    let holder = run_args(store, key, "30s", &[], &["sh", "-c", &hold])
+        .spawn()
+        .expect("start the holder");
+    let go = Go(go);
+    wait_for_file(&dir.path().join("holding"), Duration::from_secs(30));
+    (holder, go)
+}
+
+/// Waits until `key`'s queue of fair waiters on Redis holds `n` tickets.
+fn await_queued(key: &str, n: usize) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let client = ::redis::Client::open(store_url("LEASE_TEST_REDIS_URL")).unwrap();
+        let mut c = client.get_multiplexed_async_connection().await.unwrap();
+        let until = Instant::now() + Duration::from_secs(30);
+        loop {
+            let waiting: usize = ::redis::cmd("ZCARD")
+                .arg(format!("{{lease|{key}}}:queue"))
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            if waiting >= n {
+                return;
+            }
+            assert!(Instant::now() < until, "run {n} never joined the queue");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+}
+
+fn fair_run(store: &str, key: &str, line: &str, order: &Path) -> Child {
+    let append = format!("echo {line} >> {}", order.display());
+    run_args(
+        store,
+        key,
+        "30s",
+        &["--fair", "--wait", "60s"],
+        &["sh", "-c", &append],
+    )
+    .spawn()
+    .expect("start a fair run")
+}
+
 /// Fair runs (`--fair`) queued behind a holder on Redis run their commands
 /// in the order they arrived; each is seen in the store's queue before the
 /// next one starts.
@@ -1454,64 +1519,14 @@ fn fair_runs_go_in_arrival_order() {
     let store = shared("redis");
     let key = unique("cli-fair");
     let dir = TempDir::new("lease-cli");
-    let (go, order) = (dir.path().join("go"), dir.path().join("order"));
-    let hold = format!(
-        "echo held > {}; while [ ! -f {} ]; do sleep 0.05; done",
-        dir.path().join("holding").display(),
-        go.display()
-    );
-    let mut holder = run_args(&store, &key, "30s", &[], &["sh", "-c", &hold])
-        .spawn()
-        .expect("start the holder");
-    // Whatever happens below, the holder's command ends with the test.
-    struct Go(PathBuf);
-    impl Drop for Go {
-        fn drop(&mut self) {
-            let _ = std::fs::write(&self.0, b"");
-        }
-    }
-    let _go = Go(go.clone());
-    wait_for_file(&dir.path().join("holding"), Duration::from_secs(30));
-    let queued = |n: usize| {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let client = ::redis::Client::open(store_url("LEASE_TEST_REDIS_URL")).unwrap();
-            let mut c = client.get_multiplexed_async_connection().await.unwrap();
-            let until = Instant::now() + Duration::from_secs(30);
-            loop {
-                let waiting: usize = ::redis::cmd("ZCARD")
-                    .arg(format!("{{lease|{key}}}:queue"))
-                    .query_async(&mut c)
-                    .await
-                    .unwrap();
-                if waiting >= n {
-                    return;
-                }
-                assert!(Instant::now() < until, "run {n} never joined the queue");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        });
-    };
+    let order = dir.path().join("order");
+    let (mut holder, go) = fair_holder(&store, &key, &dir);
     let mut runs = Vec::new();
     for i in 0..RUNS {
-        let append = format!("echo {i} >> {}", order.display());
-        runs.push(
-            run_args(
-                &store,
-                &key,
-                "30s",
-                &["--fair", "--wait", "60s"],
-                &["sh", "-c", &append],
-            )
-            .spawn()
-            .expect("start a fair run"),
-        );
-        queued(i + 1);
+        runs.push(fair_run(&store, &key, &i.to_string(), &order));
+        await_queued(&key, i + 1);
     }
-    std::fs::write(&go, b"").unwrap();
+    drop(go);
     assert_eq!(wait_exit(&mut holder, Duration::from_secs(30)), Some(0));
     for (i, r) in runs.iter_mut().enumerate() {
         assert_eq!(wait_exit(r, Duration::from_secs(60)), Some(0), "run {i}");
@@ -1519,6 +1534,35 @@ fn fair_runs_go_in_arrival_order() {
     let got = std::fs::read_to_string(&order).unwrap();
     let want: String = (0..RUNS).map(|i| format!("{i}\n")).collect();
     assert_eq!(got, want, "fair runs went in another order");
+}
+
+/// A fair run killed with SIGKILL while it waits in line leaves a ticket
+/// nobody refreshes: the run behind it gets the key once that ticket's TTL
+/// (at most `MAX_TICKET_TTL`) ran out, not at the end of its own wait.
+#[test]
+fn kill_9_of_a_fair_waiter_frees_its_place_within_the_ticket_ttl() {
+    let store = shared("redis");
+    let key = unique("cli-fair-kill");
+    let dir = TempDir::new("lease-cli");
+    let order = dir.path().join("order");
+    let (mut holder, go) = fair_holder(&store, &key, &dir);
+    let mut killed = fair_run(&store, &key, "killed", &order);
+    await_queued(&key, 1);
+    let mut behind = fair_run(&store, &key, "behind", &order);
+    await_queued(&key, 2);
+    signal(killed.id(), "KILL");
+    let _ = killed.wait();
+    drop(go);
+    let released = Instant::now();
+    assert_eq!(wait_exit(&mut holder, Duration::from_secs(30)), Some(0));
+    let bound = lease::MAX_TICKET_TTL + Duration::from_secs(10);
+    assert_eq!(
+        wait_exit(&mut behind, bound),
+        Some(0),
+        "the run behind a killed fair waiter did not run within {bound:?}"
+    );
+    assert!(released.elapsed() < bound, "{:?}", released.elapsed());
+    assert_eq!(std::fs::read_to_string(&order).unwrap(), "behind\n");
 }
 
 /// A store without a queue of waiters refuses `--fair` with the usage code
