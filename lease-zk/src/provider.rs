@@ -994,10 +994,19 @@ impl LeaseProvider for ZkProvider {
     async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>> {
         let client = self.client().await?;
         let paths = self.paths(key);
-        let (current, now) = tokio::join!(
-            self.bounded("get", client.get_data(&paths.holder)),
+        // A follower answers reads from what it has applied, which may lag a
+        // release or an acquire another client already saw acknowledged:
+        // `sync` first. Requests are sent in call order and a session's
+        // requests are answered in order, so the read waits for the sync
+        // without a round trip of its own.
+        let synced = client.sync(&paths.holder);
+        let read = client.get_data(&paths.holder);
+        let (synced, current, now) = tokio::join!(
+            self.bounded("sync", synced),
+            self.bounded("get", read),
             self.shared_now(&client)
         );
+        synced?.map_err(|e| self.map_err(e))?;
         let (data, stat) = match current? {
             Ok(v) => v,
             Err(ZkError::NoNode) => return Ok(None),

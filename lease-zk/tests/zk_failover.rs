@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lease_api::LeaseProvider;
+use lease_api::{LeaseKey, LeaseProvider};
 use lease_conformance::failover::leader_loss;
 use lease_testkit::cluster::{Topology, ZkEnsemble};
 use lease_testkit::unique;
@@ -44,4 +44,71 @@ async fn killing_the_leader_keeps_the_lease_the_waiter_and_the_token_order() {
     let dead = e.members().iter().position(|m| !m.is_running()).unwrap();
     e.members_mut()[dead].start_again();
     e.wait_healthy(Duration::from_secs(60));
+}
+
+/// A provider on a follower must not report a lease another client already
+/// released (or miss one it acquired) because that follower has not applied
+/// the change yet: `inspect` syncs first. The follower is frozen while the
+/// leader commits the change with the other follower, and the read is queued
+/// on it before it thaws, so it races the follower catching up. Without the
+/// sync the read is served from the stale state most of the time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_on_a_lagging_follower_sees_what_the_leader_committed() {
+    let ensemble = tokio::task::spawn_blocking(|| ZkEnsemble::start(3))
+        .await
+        .unwrap();
+    let leader = ensemble.wait_leader(Duration::from_secs(30));
+    let follower = (leader + 1) % 3;
+    let ns = unique("lagging");
+    let on = |i: usize| {
+        ZkProvider::new(
+            ZkConfig::new(format!("127.0.0.1:{}", ensemble.members()[i].port()))
+                .namespace(&ns)
+                .session_timeout(Duration::from_secs(15)),
+        )
+        .unwrap()
+    };
+    let (writer, reader) = (on(leader), on(follower));
+    // Both sessions up before the follower is first frozen.
+    let warm = LeaseKey::new("warm").unwrap();
+    writer.inspect(&warm).await.unwrap();
+    reader.inspect(&warm).await.unwrap();
+    let ttl = writer.capabilities().practical_ttl(Duration::from_secs(30));
+    for round in 0..5 {
+        let key = LeaseKey::new(format!("k{round}")).unwrap();
+        // Acquired while the follower is frozen: the read must see it.
+        ensemble.members()[follower].freeze();
+        let lease = writer
+            .try_acquire(&key, ttl)
+            .await
+            .unwrap()
+            .into_lease()
+            .expect("a fresh key is free");
+        let read = tokio::spawn({
+            let (reader, key) = (reader.clone(), key.clone());
+            async move { reader.inspect(&key).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        ensemble.members()[follower].thaw();
+        let seen = read.await.unwrap().unwrap();
+        assert_eq!(
+            seen.map(|i| i.token),
+            Some(lease.token()),
+            "round {round}: the follower's read missed an acquire the leader committed"
+        );
+        // Released while the follower is frozen: the read must not see it.
+        ensemble.members()[follower].freeze();
+        writer.release(&lease).await.unwrap();
+        let read = tokio::spawn({
+            let (reader, key) = (reader.clone(), key.clone());
+            async move { reader.inspect(&key).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        ensemble.members()[follower].thaw();
+        let seen = read.await.unwrap().unwrap();
+        assert!(
+            seen.is_none(),
+            "round {round}: the follower's read showed a lease the leader had released: {seen:?}"
+        );
+    }
 }
