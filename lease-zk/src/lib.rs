@@ -72,6 +72,12 @@
 //! the two writes, the judgement uses two servers' wall clocks; keep ZooKeeper
 //! hosts in NTP sync (the declared slack covers millisecond rounding only).
 //!
+//! A follower answers reads from what it has applied so far, which can lag
+//! a release or an acquire another client has already seen acknowledged.
+//! `inspect` therefore sends a `sync` for the holder node just before its
+//! read. A session's requests are answered in order, so the read waits for
+//! the follower to catch up with the leader, at no extra client round trip.
+//!
 //! ## Extend and release
 //!
 //! Every acquisition bumps the persistent key node's version (the epoch, kept in
