@@ -32,32 +32,58 @@ async fn start() -> RedisSentinel {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_primary_keeps_the_lease_the_waiter_and_the_token_order() {
-    let topology = start().await;
-    let ns = unique("failover");
-    let (holder, waiter): (Arc<dyn LeaseProvider>, Arc<dyn LeaseProvider>) = (
-        Arc::new(provider(&topology.url(), &ns)),
-        Arc::new(provider(&topology.url(), &ns)),
-    );
-    let topology = Arc::new(Mutex::new(topology));
-    let t = Arc::clone(&topology);
-    let run = leader_loss(holder, waiter, move || {
-        let mut t = t.lock().unwrap();
-        let primary = t.wait_leader(Duration::from_secs(10));
-        eprintln!("killing the primary, data node {primary}");
-        t.members_mut()[primary].kill();
-    })
-    .await
-    .unwrap_or_else(|e| panic!("Redis Sentinel failover: {e}"));
-    eprintln!("Redis Sentinel failover: {run:?}");
-    // The killed primary comes back on its own data, as a replica.
-    tokio::task::spawn_blocking(move || {
-        let mut t = topology.lock().unwrap();
-        let dead = t.members().iter().position(|m| !m.is_running()).unwrap();
-        t.members_mut()[dead].start_again();
-        t.wait_healthy(Duration::from_secs(60));
-    })
-    .await
-    .unwrap();
+    // What a lease surviving is declared for: one failover, after which the
+    // promoted replica keeps `wait` replicas. On a loaded machine the
+    // Sentinels (down-after 1 s) have been seen to promote the second
+    // replica a few seconds after the first, leaving two primaries with no
+    // replica each: no write can then be acknowledged by a replica, and a
+    // `wait=1` lease rightly runs out. That run says nothing about the
+    // provider, so it is reported and the scenario runs once more on a new
+    // topology; any other failure, or the same one twice, fails the test.
+    for attempt in 1..=2 {
+        let topology = start().await;
+        let ns = unique("failover");
+        let (holder, waiter): (Arc<dyn LeaseProvider>, Arc<dyn LeaseProvider>) = (
+            Arc::new(provider(&topology.url(), &ns)),
+            Arc::new(provider(&topology.url(), &ns)),
+        );
+        let topology = Arc::new(Mutex::new(topology));
+        let t = Arc::clone(&topology);
+        let run = leader_loss(holder, waiter, move || {
+            let mut t = t.lock().unwrap();
+            let primary = t.wait_leader(Duration::from_secs(10));
+            eprintln!("killing the primary, data node {primary}");
+            t.members_mut()[primary].kill();
+        })
+        .await;
+        let t = Arc::clone(&topology);
+        let primaries =
+            tokio::task::spawn_blocking(move || t.lock().unwrap().self_declared_primaries())
+                .await
+                .unwrap();
+        match run {
+            Ok(run) => {
+                eprintln!("Redis Sentinel failover: {run:?}");
+                // The killed primary comes back on its own data, as a replica.
+                tokio::task::spawn_blocking(move || {
+                    let mut t = topology.lock().unwrap();
+                    let dead = t.members().iter().position(|m| !m.is_running()).unwrap();
+                    t.members_mut()[dead].start_again();
+                    t.wait_healthy(Duration::from_secs(60));
+                })
+                .await
+                .unwrap();
+                return;
+            }
+            Err(e) if attempt == 1 && primaries.len() > 1 => eprintln!(
+                "the Sentinels promoted both replicas (data nodes {primaries:?} each act as primary), \
+                 outside what the declaration covers; once more on a new topology: {e}"
+            ),
+            Err(e) => {
+                panic!("Redis Sentinel failover (attempt {attempt}, primaries {primaries:?}): {e}")
+            }
+        }
+    }
 }
 
 /// Kills the primary, thaws the replicas, and returns once `p` serves again

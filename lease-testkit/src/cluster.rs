@@ -551,6 +551,23 @@ impl RedisSentinel {
         &self.sentinels
     }
 
+    /// The running data nodes that call themselves a primary (`ROLE`). After
+    /// one clean failover that is one node; two mean the Sentinels promoted
+    /// a second replica while the first still acts as primary, with the
+    /// replicas split between them.
+    pub fn self_declared_primaries(&self) -> Vec<usize> {
+        self.members
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| m.is_running())
+            .filter(|(_, m)| {
+                redis_cli(m.port(), &["ROLE"])
+                    .is_some_and(|r| r.first().map(String::as_str) == Some("master"))
+            })
+            .map(|(i, _)| i)
+            .collect()
+    }
+
     /// The port the Sentinels name as the primary, by majority.
     fn named_primary(&self) -> Option<u16> {
         let mut votes: Vec<u16> = self
