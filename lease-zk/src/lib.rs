@@ -74,9 +74,15 @@
 //!
 //! A follower answers reads from what it has applied so far, which can lag
 //! a release or an acquire another client has already seen acknowledged.
-//! `inspect` therefore sends a `sync` for the holder node just before its
-//! read. A session's requests are answered in order, so the read waits for
-//! the follower to catch up with the leader, at no extra client round trip.
+//! `inspect`, and a release by a client other than the acquiring one, send
+//! a `sync` for the holder node just before their read. A session's
+//! requests are answered in order, so the read waits for the follower to
+//! catch up with the leader, at no extra client round trip. `sync` is not
+//! acknowledged by a quorum: across a leader change, a follower still
+//! following the old leader can answer from its older state
+//! (ZOOKEEPER-1675). Such a read is only informational for `inspect`; a
+//! release that misjudges the holder this way answers `NotHeld` and
+//! deletes nothing it should not, since its delete checks versions.
 //!
 //! ## Extend and release
 //!

@@ -15,7 +15,7 @@ use lease_api::{
 use tokio::time::Instant;
 use zookeeper_client::{
     Acl, Acls, Client, CreateMode, Error as ZkError, EventType, MultiReadResult, MultiWriteError,
-    MultiWriteResult, OneshotWatcher, Permission, SessionState,
+    MultiWriteResult, OneshotWatcher, Permission, SessionState, Stat,
 };
 
 /// How to reach ZooKeeper.
@@ -572,6 +572,28 @@ impl ZkProvider {
     /// write serves every concurrent caller. Being a lower bound, it never
     /// judges a lease expired early: a takeover may come one round trip late,
     /// and `inspect` may overstate the remaining TTL by as much.
+    /// Reads `path` as another client left it, with the shared clock. A
+    /// follower answers reads from what it has applied, which may lag a
+    /// release or an acquire another client already saw acknowledged, so a
+    /// `sync` goes first. Requests are sent in call order and a session's
+    /// requests are answered in order, so the read waits for the sync at no
+    /// round trip of its own.
+    async fn read_synced(
+        &self,
+        client: &Client,
+        path: &str,
+    ) -> Result<(std::result::Result<(Vec<u8>, Stat), ZkError>, Result<i64>)> {
+        let synced = client.sync(path);
+        let read = client.get_data(path);
+        let (synced, current, now) = tokio::join!(
+            self.bounded("sync", synced),
+            self.bounded("get", read),
+            self.shared_now(client)
+        );
+        synced?.map_err(|e| self.map_err(e))?;
+        Ok((current?, now))
+    }
+
     async fn shared_now(&self, client: &Client) -> Result<i64> {
         let mut slot = self.inner.clock.lock().await;
         if let Some(sample) = *slot {
@@ -845,11 +867,8 @@ impl ZkProvider {
             } else {
                 // Key node versions repeat across keys and namespaces: check that the
                 // holder node is this lease's (owner and czxid) before deleting it.
-                let (current, now) = tokio::join!(
-                    self.bounded("get", client.get_data(&paths.holder)),
-                    self.shared_now(&client)
-                );
-                let (data, stat) = match current? {
+                let (current, now) = self.read_synced(&client, &paths.holder).await?;
+                let (data, stat) = match current {
                     Ok(v) => v,
                     Err(ZkError::NoNode) => return Err(not_held()),
                     Err(e) => return Err(self.map_err(e)),
@@ -994,20 +1013,8 @@ impl LeaseProvider for ZkProvider {
     async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>> {
         let client = self.client().await?;
         let paths = self.paths(key);
-        // A follower answers reads from what it has applied, which may lag a
-        // release or an acquire another client already saw acknowledged:
-        // `sync` first. Requests are sent in call order and a session's
-        // requests are answered in order, so the read waits for the sync
-        // without a round trip of its own.
-        let synced = client.sync(&paths.holder);
-        let read = client.get_data(&paths.holder);
-        let (synced, current, now) = tokio::join!(
-            self.bounded("sync", synced),
-            self.bounded("get", read),
-            self.shared_now(&client)
-        );
-        synced?.map_err(|e| self.map_err(e))?;
-        let (data, stat) = match current? {
+        let (current, now) = self.read_synced(&client, &paths.holder).await?;
+        let (data, stat) = match current {
             Ok(v) => v,
             Err(ZkError::NoNode) => return Ok(None),
             Err(e) => return Err(self.map_err(e)),
