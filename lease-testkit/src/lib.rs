@@ -259,8 +259,17 @@ impl OwnedProcess {
 
     /// Freezes the process (SIGSTOP): connections stay open and requests queue
     /// up unanswered, the way a store stalled by a long pause looks.
+    /// Returns once every thread of the process is stopped: SIGSTOP takes
+    /// effect asynchronously, and a thread still running could answer a
+    /// request sent right after this returns.
     pub fn freeze(&self) {
         self.send("STOP");
+        if let Some(child) = self.child.as_ref() {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while !all_threads_stopped(child.id()) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
     }
 
     /// Thaws a frozen process (SIGCONT): it runs whatever queued up meanwhile.
@@ -295,6 +304,22 @@ impl OwnedProcess {
 /// # Panics
 /// For another name, or when the signal cannot be sent to a process that
 /// still exists (a test must not go on believing a store was frozen).
+/// Whether every thread of `pid` is in the stopped state (`T` in
+/// `/proc/<pid>/task/<tid>/stat`); true for a process that is gone.
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return true;
+    };
+    tasks.flatten().all(|t| {
+        std::fs::read_to_string(t.path().join("stat")).map_or(true, |stat| {
+            // The state follows the command name, which is in parentheses.
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .is_none_or(|state| matches!(state, "T" | "t" | "Z" | "X"))
+        })
+    })
+}
+
 fn signal_pid(pid: u32, sig: &str) {
     use nix::sys::signal::Signal;
     let signal = match sig {
