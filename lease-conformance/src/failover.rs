@@ -29,6 +29,15 @@ pub struct FailoverRun {
     pub tokens: (FencingToken, FencingToken),
 }
 
+/// A task aborted when this is dropped.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 fn fail(what: impl Into<String>) -> LeaseError {
     LeaseError::protocol(what.into())
 }
@@ -120,10 +129,12 @@ pub async fn leader_loss(
     let guard = LeaseGuard::new(Arc::clone(&holder), lease);
     let (w, wk) = (Arc::clone(&waiter), k.clone());
     let wait_limit = ttl * 4 + recovery * 3 + Duration::from_secs(30);
-    let waiting = tokio::spawn(async move {
+    // Aborted when the scenario ends early, so a failed run leaves no waiter
+    // behind to load the machine (or a retry on a new topology).
+    let mut waiting = AbortOnDrop(tokio::spawn(async move {
         let got = acquire(&w, &wk, AcquireOptions::ttl(ttl).wait(wait_limit)).await;
         (got, Instant::now())
-    });
+    }));
     // Let the waiter see the key held and set up its watch.
     tokio::time::sleep(Duration::from_millis(300)).await;
 
@@ -158,7 +169,7 @@ pub async fn leader_loss(
                 lost_at.elapsed()
             )));
         }
-        if waiting.is_finished() {
+        if waiting.0.is_finished() {
             return Err(fail(
                 "the waiter got the key while its holder still held it",
             ));
@@ -185,7 +196,7 @@ pub async fn leader_loss(
         // A lost lease is freed by its TTL in the store, not by a release.
         recovery + ttl + caps.expiry_slack
     };
-    let (got, at) = tokio::time::timeout(bound + Duration::from_secs(5), waiting)
+    let (got, at) = tokio::time::timeout(bound + Duration::from_secs(5), &mut waiting.0)
         .await
         .map_err(|_| {
             fail(format!(

@@ -551,21 +551,19 @@ impl RedisSentinel {
         &self.sentinels
     }
 
-    /// The running data nodes that call themselves a primary (`ROLE`). After
-    /// one clean failover that is one node; two mean the Sentinels promoted
-    /// a second replica while the first still acts as primary, with the
-    /// replicas split between them.
-    pub fn self_declared_primaries(&self) -> Vec<usize> {
-        self.members
-            .iter()
-            .enumerate()
-            .filter(|(_, m)| m.is_running())
-            .filter(|(_, m)| {
-                redis_cli(m.port(), &["ROLE"])
-                    .is_some_and(|r| r.first().map(String::as_str) == Some("master"))
+    /// How many failovers the Sentinels have carried out since the start:
+    /// the highest `config-epoch` any of them reports for the master (each
+    /// failover's leader bumps it, and it never goes down).
+    pub fn failovers(&self) -> u64 {
+        (0..self.sentinels.len())
+            .filter_map(|i| self.sentinel_view(i))
+            .filter_map(|view| {
+                view.into_iter()
+                    .find(|(k, _)| k == "config-epoch")
+                    .and_then(|(_, v)| v.parse::<u64>().ok())
             })
-            .map(|(i, _)| i)
-            .collect()
+            .max()
+            .unwrap_or(0)
     }
 
     /// The port the Sentinels name as the primary, by majority.
