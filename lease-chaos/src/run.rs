@@ -142,7 +142,8 @@ pub struct ChaosOptions {
     /// The lease TTL (raised to the store's smallest).
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     pub ttl: Duration,
-    /// How long the run lasts at most.
+    /// How long the run lasts; up to twice as long while a fault asked for
+    /// has not been injected yet (no holder to aim it at).
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub duration: Duration,
     /// End the run once this many leases were granted (within --duration).
@@ -638,6 +639,10 @@ async fn run_inner(
     }
 
     let deadline = tokio::time::Instant::now() + args.duration;
+    // A run whose faults could not all be aimed by the deadline (no holder
+    // at the moment, on a loaded machine) goes on until each was injected,
+    // up to twice its duration: a fault never injected judges nothing.
+    let hard_deadline = deadline + args.duration;
     let target = args.acquisitions.unwrap_or(u64::MAX);
     // SIGINT or SIGTERM ends the run the normal way: the fault in progress
     // heals (a frozen store is thawed), workers are stopped, then an error.
@@ -670,9 +675,12 @@ async fn run_inner(
         .map(|k| k.name())
         .collect();
     let over = |sink: &Sink, injected: &BTreeMap<String, u64>| {
-        tokio::time::Instant::now() >= deadline
+        let now = tokio::time::Instant::now();
+        let all_injected = wanted.iter().all(|k| injected.contains_key(*k));
+        now >= hard_deadline
+            || (now >= deadline && all_injected)
             || interrupted.load(Ordering::SeqCst)
-            || (sink.grants() >= target && wanted.iter().all(|k| injected.contains_key(*k)))
+            || (sink.grants() >= target && all_injected)
     };
     let mut faults: Vec<Fault> = Vec::new();
     let mut injected: BTreeMap<String, u64> = BTreeMap::new();
