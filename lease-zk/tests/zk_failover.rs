@@ -74,6 +74,18 @@ async fn a_read_on_a_lagging_follower_sees_what_the_leader_committed() {
     writer.inspect(&warm).await.unwrap();
     reader.inspect(&warm).await.unwrap();
     let ttl = writer.capabilities().practical_ttl(Duration::from_secs(30));
+    // Queues a read on the frozen follower, thaws it, and returns what the
+    // read saw.
+    let read_across_thaw = |reader: &ZkProvider, key: &LeaseKey| {
+        let (reader, key) = (reader.clone(), key.clone());
+        let read = tokio::spawn(async move { reader.inspect(&key).await });
+        let ensemble = &ensemble;
+        async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            ensemble.members()[follower].thaw();
+            read.await.unwrap().unwrap()
+        }
+    };
     for round in 0..5 {
         let key = LeaseKey::new(format!("k{round}")).unwrap();
         // Acquired while the follower is frozen: the read must see it.
@@ -84,13 +96,7 @@ async fn a_read_on_a_lagging_follower_sees_what_the_leader_committed() {
             .unwrap()
             .into_lease()
             .expect("a fresh key is free");
-        let read = tokio::spawn({
-            let (reader, key) = (reader.clone(), key.clone());
-            async move { reader.inspect(&key).await }
-        });
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        ensemble.members()[follower].thaw();
-        let seen = read.await.unwrap().unwrap();
+        let seen = read_across_thaw(&reader, &key).await;
         assert_eq!(
             seen.map(|i| i.token),
             Some(lease.token()),
@@ -99,13 +105,7 @@ async fn a_read_on_a_lagging_follower_sees_what_the_leader_committed() {
         // Released while the follower is frozen: the read must not see it.
         ensemble.members()[follower].freeze();
         writer.release(&lease).await.unwrap();
-        let read = tokio::spawn({
-            let (reader, key) = (reader.clone(), key.clone());
-            async move { reader.inspect(&key).await }
-        });
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        ensemble.members()[follower].thaw();
-        let seen = read.await.unwrap().unwrap();
+        let seen = read_across_thaw(&reader, &key).await;
         assert!(
             seen.is_none(),
             "round {round}: the follower's read showed a lease the leader had released: {seen:?}"
