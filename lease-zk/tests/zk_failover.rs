@@ -111,4 +111,31 @@ async fn a_read_on_a_lagging_follower_sees_what_the_leader_committed() {
             "round {round}: the follower's read showed a lease the leader had released: {seen:?}"
         );
     }
+    // A release by another client (the slow path, which reads the holder
+    // first) on the lagging follower must find the lease the leader has.
+    for round in 0..5 {
+        let key = LeaseKey::new(format!("r{round}")).unwrap();
+        ensemble.members()[follower].freeze();
+        let lease = writer
+            .try_acquire(&key, ttl)
+            .await
+            .unwrap()
+            .into_lease()
+            .expect("a fresh key is free");
+        let release = tokio::spawn({
+            let (reader, lease) = (reader.clone(), lease.clone());
+            async move { reader.release(&lease).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        ensemble.members()[follower].thaw();
+        let released = release.await.unwrap();
+        assert!(
+            released.is_ok(),
+            "round {round}: a release on the follower missed the lease the leader committed: {released:?}"
+        );
+        assert!(
+            writer.inspect(&key).await.unwrap().is_none(),
+            "round {round}"
+        );
+    }
 }
