@@ -29,18 +29,52 @@ use crate::provider::{KeyWatch, LeaseProvider, MAX_BLIND_WAIT};
 use crate::{Lease, LeaseError, LeaseKey, Result};
 
 /// A waiter's place in the queue of one key.
+///
+/// A ticket is its number *and* its mark: the number orders the queue, the
+/// mark (random per join) tells this waiter's ticket from another that got
+/// the same number after the store lost its queue (expiry, a restart
+/// without persistence, a failover to a lagging replica).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Ticket {
     key: LeaseKey,
     seq: u64,
+    mark: u64,
     handle: i64,
 }
 
 impl Ticket {
-    /// A ticket of `key` at position `seq` (increasing in arrival order), with
-    /// a backend's own `handle` (an etcd lease id; zero where unused).
-    pub fn new(key: LeaseKey, seq: u64, handle: i64) -> Self {
-        Ticket { key, seq, handle }
+    /// A ticket of `key` at position `seq` (increasing in arrival order),
+    /// made by the join marked `mark` (zero where the store does not keep
+    /// marks, or for a ticket ahead whose mark is unknown).
+    pub fn new(key: LeaseKey, seq: u64, mark: u64) -> Self {
+        Ticket {
+            key,
+            seq,
+            mark,
+            handle: 0,
+        }
+    }
+
+    /// The same ticket with a backend's own `handle` (an etcd lease id).
+    #[must_use]
+    pub fn with_handle(mut self, handle: i64) -> Self {
+        self.handle = handle;
+        self
+    }
+
+    /// The mark of the join that made this ticket.
+    pub fn mark(&self) -> u64 {
+        self.mark
+    }
+
+    /// A random, non-zero mark for a [`WaitQueue::join`].
+    pub fn random_mark() -> u64 {
+        loop {
+            let (hi, lo) = uuid::Uuid::new_v4().as_u64_pair();
+            if hi ^ lo != 0 {
+                return hi ^ lo;
+            }
+        }
     }
 
     /// The key this ticket waits for.
@@ -85,12 +119,24 @@ pub enum Place {
 /// return one from [`LeaseProvider::wait_queue`]. Each method is one atomic
 /// step in the store; [`acquire`](crate::acquire) with
 /// [`AcquireOptions::fair`](crate::AcquireOptions::fair) combines them.
+///
+/// A ticket is found by its number and its [mark](Ticket::mark) together:
+/// [`place`](Self::place), [`refresh`](Self::refresh) and
+/// [`leave`](Self::leave) treat a ticket whose number the store gave again
+/// to another join as gone, never as that other waiter's.
 #[async_trait]
 pub trait WaitQueue: Send + Sync {
-    /// Appends a waiter to `key`'s queue; its ticket lives `ttl` on the
-    /// store's clock unless [`refresh`](Self::refresh)ed (or, where tickets
-    /// are bound to a session, as long as the session).
-    async fn join(&self, key: &LeaseKey, ttl: Duration) -> Result<Ticket>;
+    /// Appends a waiter to `key`'s queue, the join named by `mark` (random,
+    /// non-zero); its ticket lives `ttl` on the store's clock unless
+    /// [`refresh`](Self::refresh)ed (or, where tickets are bound to a
+    /// session, as long as the session).
+    ///
+    /// A join whose answer was lost (the store may have made the ticket) is
+    /// retried with the same mark, and must then not leave a second ticket
+    /// behind: the store returns the live ticket of that mark (Redis,
+    /// PostgreSQL, memory), or removed the lost one itself before the error
+    /// returned (etcd revokes its lease, ZooKeeper deletes the marked node).
+    async fn join(&self, key: &LeaseKey, ttl: Duration, mark: u64) -> Result<Ticket>;
 
     /// Where `ticket` stands; tickets past their TTL do not count.
     async fn place(&self, ticket: &Ticket) -> Result<Place>;
@@ -119,6 +165,9 @@ impl fmt::Debug for dyn WaitQueue {
 struct Held<P: LeaseProvider + ?Sized + 'static> {
     provider: Arc<P>,
     ticket: Option<Ticket>,
+    /// The mark of the next join: kept after a join that failed, whose
+    /// ticket the store may have made, so its retry finds that ticket.
+    mark: u64,
 }
 
 impl<P: LeaseProvider + ?Sized + 'static> Held<P> {
@@ -181,7 +230,7 @@ const MIN_TICKET_TTL: Duration = Duration::from_millis(500);
 /// Joins in a task of its own: if the caller's future is dropped while the
 /// join is in flight, the task leaves the ticket it got, so an abandoned
 /// join never leaves a ticket nobody refreshes or removes.
-async fn join<P>(provider: &Arc<P>, key: &LeaseKey, ttl: Duration) -> Result<Ticket>
+async fn join<P>(provider: &Arc<P>, key: &LeaseKey, ttl: Duration, mark: u64) -> Result<Ticket>
 where
     P: LeaseProvider + ?Sized + 'static,
 {
@@ -191,7 +240,7 @@ where
         let Some(queue) = p.wait_queue() else {
             return;
         };
-        let joined = queue.join(&k, ttl).await;
+        let joined = queue.join(&k, ttl, mark).await;
         if let Err(Ok(ticket)) = tx.send(joined) {
             let _ = queue.leave(&ticket).await;
         }
@@ -229,6 +278,7 @@ where
     let mut held = Held {
         provider: Arc::clone(provider),
         ticket: None,
+        mark: Ticket::random_mark(),
     };
     let mut backoff = Duration::from_millis(50);
     loop {
@@ -293,7 +343,11 @@ where
         if Instant::now() >= deadline {
             return Ok(Round::Done(None));
         }
-        held.ticket = Some(join(provider, key, ticket_ttl).await?);
+        // On an error the mark stays: the retry finds a ticket the lost
+        // answer may have made, instead of queueing behind it.
+        let ticket = join(provider, key, ticket_ttl, held.mark).await?;
+        held.mark = Ticket::random_mark();
+        held.ticket = Some(ticket);
     }
     let mut next_refresh = Instant::now() + refresh_every;
     loop {

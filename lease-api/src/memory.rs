@@ -45,6 +45,7 @@ impl Entry {
 /// `left` wakes the waiter behind it.
 struct Waiter {
     expires_at: Instant,
+    mark: u64,
     left: Arc<Notify>,
 }
 
@@ -387,20 +388,30 @@ impl LeaseProvider for MemoryProvider {
 
 #[async_trait]
 impl WaitQueue for MemoryProvider {
-    async fn join(&self, key: &LeaseKey, ttl: Duration) -> Result<Ticket> {
+    async fn join(&self, key: &LeaseKey, ttl: Duration, mark: u64) -> Result<Ticket> {
         let ttl = self.caps.grant_ttl(ttl)?;
         let now = Instant::now();
         let mut state = self.store.lock()?;
+        let entry_key = self.entry_key(key);
+        // A join again with a live ticket's mark gets that ticket.
+        if let Some((seq, w)) = state.queues.get_mut(&entry_key).and_then(|q| {
+            q.iter_mut()
+                .find(|(_, w)| w.mark == mark && w.expires_at > now)
+        }) {
+            w.expires_at = now + ttl;
+            return Ok(Ticket::new(key.clone(), *seq, mark));
+        }
         state.last_ticket += 1;
         let seq = state.last_ticket;
-        state.queues.entry(self.entry_key(key)).or_default().insert(
+        state.queues.entry(entry_key).or_default().insert(
             seq,
             Waiter {
                 expires_at: now + ttl,
+                mark,
                 left: Arc::new(Notify::new()),
             },
         );
-        Ok(Ticket::new(key.clone(), seq, 0))
+        Ok(Ticket::new(key.clone(), seq, mark))
     }
 
     async fn place(&self, ticket: &Ticket) -> Result<Place> {
@@ -410,13 +421,16 @@ impl WaitQueue for MemoryProvider {
             return Ok(Place::Gone);
         };
         expire_tickets(queue, now);
-        if !queue.contains_key(&ticket.seq()) {
+        if queue
+            .get(&ticket.seq())
+            .is_none_or(|w| w.mark != ticket.mark())
+        {
             return Ok(Place::Gone);
         }
         Ok(match queue.range(..ticket.seq()).next_back() {
             None => Place::First,
             Some((seq, w)) => Place::Behind {
-                ahead: Ticket::new(ticket.key().clone(), *seq, 0),
+                ahead: Ticket::new(ticket.key().clone(), *seq, w.mark),
                 remaining: Some(w.expires_at - now),
             },
         })
@@ -428,6 +442,7 @@ impl WaitQueue for MemoryProvider {
             .queues
             .get(&self.entry_key(ahead.key()))
             .and_then(|q| q.get(&ahead.seq()))
+            .filter(|w| w.mark == ahead.mark())
             .map(|w| Arc::clone(&w.left));
         Ok(match left {
             Some(left) => Box::new(NotifyWatch::new(left)),
@@ -443,7 +458,7 @@ impl WaitQueue for MemoryProvider {
             .queues
             .get_mut(&self.entry_key(ticket.key()))
             .and_then(|q| q.get_mut(&ticket.seq()))
-            .filter(|w| w.expires_at > now);
+            .filter(|w| w.mark == ticket.mark() && w.expires_at > now);
         Ok(match waiter {
             Some(w) => {
                 w.expires_at = now + ttl;
@@ -457,7 +472,11 @@ impl WaitQueue for MemoryProvider {
         let mut state = self.store.lock()?;
         let entry_key = self.entry_key(ticket.key());
         if let Some(queue) = state.queues.get_mut(&entry_key) {
-            if let Some(w) = queue.remove(&ticket.seq()) {
+            if queue
+                .get(&ticket.seq())
+                .is_some_and(|w| w.mark == ticket.mark())
+                && let Some(w) = queue.remove(&ticket.seq())
+            {
                 w.left.notify_waiters();
             }
             if queue.is_empty() {

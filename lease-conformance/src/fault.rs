@@ -151,9 +151,9 @@ impl LeaseProvider for Partition {
 #[async_trait]
 #[deny(clippy::missing_trait_methods)]
 impl lease_api::WaitQueue for Partition {
-    async fn join(&self, key: &LeaseKey, ttl: Duration) -> Result<lease_api::Ticket> {
+    async fn join(&self, key: &LeaseKey, ttl: Duration, mark: u64) -> Result<lease_api::Ticket> {
         self.check()?;
-        self.queue()?.join(key, ttl).await
+        self.queue()?.join(key, ttl, mark).await
     }
     async fn place(&self, ticket: &lease_api::Ticket) -> Result<lease_api::Place> {
         self.check()?;

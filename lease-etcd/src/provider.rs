@@ -138,7 +138,13 @@ struct Inner {
     /// Keys this provider saw held, until when at least; cleared by a watch
     /// that sees the key deleted. A try on such a key reads before it grants.
     seen_held: Arc<std::sync::Mutex<HashMap<String, Instant>>>,
+    /// Test hook: runs between a session's keep-alive and its read of the
+    /// keys on it.
+    after_keep_alive: std::sync::Mutex<Option<SessionHook>>,
 }
+
+/// A hook of [`EtcdProvider::set_after_session_keep_alive`].
+pub type SessionHook = Arc<dyn Fn() -> futures_util::future::BoxFuture<'static, ()> + Send + Sync>;
 
 /// Leases on etcd: etcd leases for expiry, create revisions for tokens, watches
 /// for waiting. See the crate docs.
@@ -165,6 +171,11 @@ fn encode_namespace(ns: &str) -> String {
 /// ABORTED, UNAVAILABLE.
 /// etcd's default election timeout is 1 s; leave room for a slow election.
 const ELECTION_TIMEOUT_BOUND: Duration = Duration::from_secs(3);
+
+/// How long a background revoke is retried while etcd is unreachable: the
+/// longest a fair waiter's ticket lives unrefreshed, after which its lease
+/// has run out anyway.
+const REVOKE_RETRIES_FOR: Duration = lease_api::MAX_TICKET_TTL;
 
 fn status_unavailable(code: i32) -> bool {
     matches!(code, 1 | 2 | 4 | 10 | 14)
@@ -230,8 +241,34 @@ impl EtcdProvider {
                 config,
                 caps,
                 seen_held: Arc::default(),
+                after_keep_alive: std::sync::Mutex::default(),
             }),
         })
+    }
+
+    /// For tests: `hook` runs in every session renewal after etcd answered
+    /// the keep-alive and before the session reads which keys are still on
+    /// its etcd lease, so a test can delete a key exactly there.
+    #[doc(hidden)]
+    pub fn set_after_session_keep_alive(&self, hook: SessionHook) {
+        *self
+            .inner
+            .after_keep_alive
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(hook);
+    }
+
+    /// Runs the hook of [`set_after_session_keep_alive`](Self::set_after_session_keep_alive), if any.
+    pub(crate) async fn after_session_keep_alive(&self) {
+        let hook = self
+            .inner
+            .after_keep_alive
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if let Some(hook) = hook {
+            hook().await;
+        }
     }
 
     fn seen_held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
@@ -412,17 +449,33 @@ impl EtcdProvider {
         answer
     }
 
+    /// Revokes `lease_id` in the background (with what is attached to it),
+    /// retrying while etcd is unreachable: after a call whose answer was
+    /// lost the connection is often down for a moment, and a ticket left
+    /// on the lease would hold its line up until the lease ran out.
     fn revoke_in_background(&self, lease_id: i64) {
         let this = self.clone();
         tokio::spawn(async move {
-            if let Err(e) = this
-                .call(
-                    "revoke",
-                    |mut c| async move { c.lease_revoke(lease_id).await },
-                )
-                .await
-            {
-                tracing::debug!(lease_id, error = %e, "revoking an unused etcd lease failed; it runs out by its TTL");
+            let give_up = Instant::now() + REVOKE_RETRIES_FOR;
+            let mut pause = Duration::from_millis(50);
+            loop {
+                match this
+                    .call(
+                        "revoke",
+                        |mut c| async move { c.lease_revoke(lease_id).await },
+                    )
+                    .await
+                {
+                    Ok(_) => return,
+                    Err(e) if e.is_transient() && Instant::now() + pause < give_up => {
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_secs(1));
+                    }
+                    Err(e) => {
+                        tracing::debug!(lease_id, error = %e, "revoking an unused etcd lease failed; it runs out by its TTL");
+                        return;
+                    }
+                }
             }
         });
     }
@@ -973,7 +1026,7 @@ impl EtcdProvider {
 /// etcd lease runs out, which the watch sees as a deletion.
 #[async_trait]
 impl WaitQueue for EtcdProvider {
-    async fn join(&self, key: &LeaseKey, ttl: Duration) -> Result<Ticket> {
+    async fn join(&self, key: &LeaseKey, ttl: Duration, mark: u64) -> Result<Ticket> {
         let ttl = self.inner.caps.grant_ttl(ttl)?;
         let (id, _) = self.grant(ttl).await?;
         let k = format!("{}{id:016x}", self.queue_prefix(key));
@@ -991,7 +1044,7 @@ impl WaitQueue for EtcdProvider {
                     .ok_or_else(|| {
                         LeaseError::protocol("etcd answered a put without a revision")
                     })?;
-                Ok(Ticket::new(key.clone(), seq, id))
+                Ok(Ticket::new(key.clone(), seq, mark).with_handle(id))
             }
             Err(e) => {
                 // The key may have been written; it goes with the lease.
@@ -1036,11 +1089,13 @@ impl WaitQueue for EtcdProvider {
         Ok(match kvs.get(1) {
             None => Place::First,
             Some(kv) => Place::Behind {
+                // Its key and lease name it; its mark is not stored.
                 ahead: Ticket::new(
                     ticket.key().clone(),
                     u64::try_from(kv.create_revision()).unwrap_or(0),
-                    kv.lease(),
-                ),
+                    0,
+                )
+                .with_handle(kv.lease()),
                 // Its deletion at expiry reaches the watch.
                 remaining: None,
             },

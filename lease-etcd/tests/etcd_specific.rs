@@ -276,3 +276,108 @@ async fn tls_with_client_certificates_and_users_works_and_refusals_are_denied() 
         lease_testkit::assert_denied(what, &p, &k, "-pw", Duration::from_secs(5)).await;
     }
 }
+
+/// The answer to a fair waiter's join is lost (the connection drops after
+/// etcd stored the ticket's key): the ticket's etcd lease is revoked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_acquire_whose_join_answer_was_lost_does_not_wait_behind_its_own_ticket() {
+    let server = owned_etcd();
+    let proxy = lease_testkit::Proxy::start(server.port()).await;
+    let p = EtcdProvider::new(
+        EtcdConfig::new([format!("http://127.0.0.1:{}", proxy.port())]).timeouts(TIMEOUT, TIMEOUT),
+    )
+    .unwrap();
+    // The join's put is the first request with a key under the key's queue prefix.
+    lease_testkit::assert_a_lost_join_answer_costs_no_wait(Arc::new(p), &proxy, |k| {
+        format!("\0q/{}\0/", k.as_str()).into_bytes()
+    })
+    .await;
+}
+
+/// A key deleted behind a session's back between its keep-alive and its
+/// read of the keys on its etcd lease is reported lost in that renewal, not
+/// renewed for one more round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_key_deleted_during_a_renewal_is_lost_in_that_renewal() {
+    use lease_api::{LeaseSession, SessionConfig};
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let ns = unique("session_delete");
+    let p = shared(&ns);
+    let session = LeaseSession::open(
+        Arc::new(p.clone()),
+        SessionConfig::ttl(Duration::from_secs(6)).renew_every(Duration::from_millis(500)),
+    )
+    .await
+    .unwrap();
+    let k = LeaseKey::new("deleted-behind-its-back").unwrap();
+    let lease = session.try_acquire(&k).await.unwrap().expect("free key");
+    let lost = lease.lost_token();
+    // A second lease keeps the renewal rounds going once the first is lost.
+    let other = session
+        .try_acquire(&LeaseKey::new("stays").unwrap())
+        .await
+        .unwrap()
+        .expect("free key");
+    let mut raw = etcd_client::Client::connect([store_url("LEASE_TEST_ETCD_URL")], None)
+        .await
+        .unwrap();
+    // The lease's etcd key, the namespace's one that ends with its name.
+    let found = raw
+        .get(
+            format!("lease/{ns}/"),
+            Some(
+                etcd_client::GetOptions::new()
+                    .with_prefix()
+                    .with_keys_only(),
+            ),
+        )
+        .await
+        .unwrap();
+    let store_key = found
+        .kvs()
+        .iter()
+        .map(|kv| kv.key().to_vec())
+        .find(|key| key.ends_with(b"deleted-behind-its-back"))
+        .expect("the lease's key");
+    // Round 1 deletes the key right after its keep-alive; round 2 notes
+    // whether round 1 already called it lost.
+    let rounds = Arc::new(AtomicU32::new(0));
+    let lost_by_round_two = Arc::new(std::sync::Mutex::new(None));
+    let (r, seen, l) = (
+        Arc::clone(&rounds),
+        Arc::clone(&lost_by_round_two),
+        lost.clone(),
+    );
+    p.set_after_session_keep_alive(Arc::new(move || {
+        let round = r.fetch_add(1, Ordering::SeqCst) + 1;
+        let (mut raw, key, seen, l) =
+            (raw.clone(), store_key.clone(), Arc::clone(&seen), l.clone());
+        Box::pin(async move {
+            match round {
+                1 => {
+                    raw.delete(key, None).await.unwrap();
+                }
+                2 => *seen.lock().unwrap() = Some(l.is_cancelled()),
+                _ => {}
+            }
+        })
+    }));
+    tokio::time::timeout(Duration::from_secs(10), lost.cancelled())
+        .await
+        .expect("the deleted key was never reported lost");
+    let give_up = Instant::now() + Duration::from_secs(10);
+    while lost_by_round_two.lock().unwrap().is_none() {
+        assert!(Instant::now() < give_up, "no second renewal round");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        *lost_by_round_two.lock().unwrap(),
+        Some(true),
+        "the key deleted in renewal round 1 was renewed in it and reported lost only in round 2"
+    );
+    assert!(
+        !other.is_lost(),
+        "the other key of the session was lost too"
+    );
+    session.close().await;
+}

@@ -389,6 +389,12 @@ impl PostgresProvider {
             sqlx::query(&sql.waiters.create_table)
                 .execute(&mut *tx)
                 .await?;
+            let has_mark: bool = sqlx::query_scalar(&sql.waiters.has_mark)
+                .fetch_one(&mut *tx)
+                .await?;
+            if !has_mark {
+                sqlx::query(&sql.waiters.add_mark).execute(&mut *tx).await?;
+            }
             let has_holder: bool = sqlx::query_scalar(&sql.has_holder)
                 .fetch_one(&mut *tx)
                 .await?;
@@ -1019,7 +1025,7 @@ impl LeaseProvider for PostgresProvider {
 /// passed.
 #[async_trait]
 impl WaitQueue for PostgresProvider {
-    async fn join(&self, key: &LeaseKey, ttl: Duration) -> Result<Ticket> {
+    async fn join(&self, key: &LeaseKey, ttl: Duration, mark: u64) -> Result<Ticket> {
         let ttl = self.capabilities().grant_ttl(ttl)?;
         self.ready().await?;
         let seq: i64 = self
@@ -1029,6 +1035,7 @@ impl WaitQueue for PostgresProvider {
                     .bind(&self.inner.namespace)
                     .bind(key.as_str())
                     .bind(micros(ttl))
+                    .bind(mark_i64(mark))
                     .fetch_one(c.conn())
                     .await;
                 c.done(&r);
@@ -1037,7 +1044,7 @@ impl WaitQueue for PostgresProvider {
             .await?;
         let seq = u64::try_from(seq)
             .map_err(|_| LeaseError::protocol(format!("negative waiter number {seq}")))?;
-        Ok(Ticket::new(key.clone(), seq, 0))
+        Ok(Ticket::new(key.clone(), seq, mark))
     }
 
     async fn place(&self, ticket: &Ticket) -> Result<Place> {
@@ -1050,6 +1057,7 @@ impl WaitQueue for PostgresProvider {
                     .bind(&self.inner.namespace)
                     .bind(ticket.key().as_str())
                     .bind(seq)
+                    .bind(mark_i64(ticket.mark()))
                     .fetch_one(c.conn())
                     .await;
                 c.done(&r);
@@ -1060,11 +1068,16 @@ impl WaitQueue for PostgresProvider {
         let own: bool = row.try_get(0).map_err(decode)?;
         let ahead: Option<i64> = row.try_get(1).map_err(decode)?;
         let remaining: Option<i64> = row.try_get(2).map_err(decode)?;
+        let ahead_mark: Option<i64> = row.try_get(3).map_err(decode)?;
         Ok(match (own, ahead) {
             (false, _) => Place::Gone,
             (true, None) => Place::First,
             (true, Some(ahead)) => Place::Behind {
-                ahead: Ticket::new(ticket.key().clone(), u64::try_from(ahead).unwrap_or(0), 0),
+                ahead: Ticket::new(
+                    ticket.key().clone(),
+                    u64::try_from(ahead).unwrap_or(0),
+                    u64::from_ne_bytes(ahead_mark.unwrap_or(0).to_ne_bytes()),
+                ),
                 remaining: Some(from_micros(remaining.unwrap_or(0))),
             },
         })
@@ -1087,6 +1100,7 @@ impl WaitQueue for PostgresProvider {
                     .bind(&self.inner.namespace)
                     .bind(ahead.key().as_str())
                     .bind(seq)
+                    .bind(mark_i64(ahead.mark()))
                     .fetch_one(c.conn())
                     .await;
                 c.done(&r);
@@ -1110,6 +1124,7 @@ impl WaitQueue for PostgresProvider {
                     .bind(&self.inner.namespace)
                     .bind(ticket.key().as_str())
                     .bind(seq)
+                    .bind(mark_i64(ticket.mark()))
                     .bind(micros(ttl))
                     .execute(c.conn())
                     .await;
@@ -1128,6 +1143,7 @@ impl WaitQueue for PostgresProvider {
                 .bind(&self.inner.namespace)
                 .bind(ticket.key().as_str())
                 .bind(seq)
+                .bind(mark_i64(ticket.mark()))
                 .bind(&self.inner.sql.channel)
                 .bind(ticket_payload(
                     &self.inner.namespace,
@@ -1142,6 +1158,11 @@ impl WaitQueue for PostgresProvider {
         .await?;
         Ok(())
     }
+}
+
+/// A ticket's mark as PostgreSQL's `bigint` (the same 64 bits).
+fn mark_i64(mark: u64) -> i64 {
+    i64::from_ne_bytes(mark.to_ne_bytes())
 }
 
 fn seq_i64(ticket: &Ticket) -> Result<i64> {

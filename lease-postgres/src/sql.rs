@@ -43,6 +43,9 @@ pub(crate) struct Statements {
 #[derive(Debug)]
 pub(crate) struct WaiterStatements {
     pub create_table: String,
+    /// Tables made before tickets had marks get the column.
+    pub has_mark: String,
+    pub add_mark: String,
     pub join: String,
     pub place: String,
     pub live: String,
@@ -75,20 +78,38 @@ impl WaiterStatements {
                     namespace  text        NOT NULL,
                     key        text        NOT NULL,
                     seq        bigint      GENERATED ALWAYS AS IDENTITY,
+                    mark       bigint      NOT NULL DEFAULT 0,
                     expires_at timestamptz NOT NULL,
                     PRIMARY KEY (namespace, key, seq)
                 )"
             ),
+            has_mark: format!(
+                "SELECT EXISTS (SELECT 1 FROM pg_attribute
+                    WHERE attrelid = to_regclass('{}') AND attname = 'mark' AND NOT attisdropped)",
+                w.replace('\'', "''")
+            ),
+            add_mark: format!("ALTER TABLE {w} ADD COLUMN IF NOT EXISTS mark bigint NOT NULL DEFAULT 0"),
+            // A join again with a live ticket's mark ($4: a retry after a
+            // lost answer) renews that ticket instead of queueing behind it.
             join: format!(
-                "INSERT INTO {w} (namespace, key, expires_at)
-                 VALUES ($1, $2, clock_timestamp() + $3::bigint * interval '1 microsecond')
-                 RETURNING seq"
+                "WITH renewed AS (
+                    UPDATE {w} SET expires_at = clock_timestamp() + $3::bigint * interval '1 microsecond'
+                     WHERE {live} AND mark = $4
+                     RETURNING seq
+                 ), joined AS (
+                    INSERT INTO {w} (namespace, key, mark, expires_at)
+                    SELECT $1, $2, $4, clock_timestamp() + $3::bigint * interval '1 microsecond'
+                     WHERE NOT EXISTS (SELECT 1 FROM renewed)
+                    RETURNING seq
+                 )
+                 SELECT seq FROM renewed UNION ALL SELECT seq FROM joined"
             ),
             // Drops the dead tickets of the key nobody else is dropping (SKIP
             // LOCKED: no waits, no deadlocks between waiters), then answers
-            // whether ours is live and which live one is just ahead, with its
-            // remaining µs. The main query's snapshot still has the dropped
-            // rows: every read filters on expiry itself.
+            // whether ours ($3, marked $4) is live and which live one is just
+            // ahead, with its remaining µs and its mark. The main query's
+            // snapshot still has the dropped rows: every read filters on
+            // expiry itself.
             place: format!(
                 "WITH dead AS (
                     DELETE FROM {w} WHERE ctid IN (
@@ -96,24 +117,28 @@ impl WaiterStatements {
                          WHERE namespace = $1 AND key = $2 AND expires_at <= clock_timestamp()
                          FOR UPDATE SKIP LOCKED)
                  )
-                 SELECT EXISTS (SELECT 1 FROM {w} WHERE {live} AND seq = $3),
+                 SELECT EXISTS (SELECT 1 FROM {w} WHERE {live} AND seq = $3 AND mark = $4),
                         a.seq,
-                        (extract(epoch from (a.expires_at - clock_timestamp())) * 1000000)::bigint
+                        (extract(epoch from (a.expires_at - clock_timestamp())) * 1000000)::bigint,
+                        a.mark
                    FROM (SELECT 1) AS one
                    LEFT JOIN LATERAL (
-                        SELECT seq, expires_at FROM {w} WHERE {live} AND seq < $3
+                        SELECT seq, mark, expires_at FROM {w} WHERE {live} AND seq < $3
                          ORDER BY seq DESC LIMIT 1) AS a ON true"
             ),
-            live: format!("SELECT EXISTS (SELECT 1 FROM {w} WHERE {live} AND seq = $3)"),
+            live: format!(
+                "SELECT EXISTS (SELECT 1 FROM {w} WHERE {live} AND seq = $3 AND mark = $4)"
+            ),
             refresh: format!(
-                "UPDATE {w} SET expires_at = clock_timestamp() + $4::bigint * interval '1 microsecond'
-                  WHERE {live} AND seq = $3"
+                "UPDATE {w} SET expires_at = clock_timestamp() + $5::bigint * interval '1 microsecond'
+                  WHERE {live} AND seq = $3 AND mark = $4"
             ),
             leave: format!(
                 "WITH gone AS (
-                    DELETE FROM {w} WHERE namespace = $1 AND key = $2 AND seq = $3 RETURNING 1
+                    DELETE FROM {w} WHERE namespace = $1 AND key = $2 AND seq = $3 AND mark = $4
+                    RETURNING 1
                  )
-                 SELECT pg_notify($4, $5) FROM gone"
+                 SELECT pg_notify($5, $6) FROM gone"
             ),
             purge: format!("DELETE FROM {w} WHERE left(namespace, length($1)) = $1"),
         }

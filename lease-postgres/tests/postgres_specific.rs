@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use lease_api::{AcquireOptions, LeaseError, LeaseKey, LeaseProvider, TokenDurability, acquire};
+use lease_api::{
+    AcquireOptions, LeaseError, LeaseKey, LeaseProvider, Place, Ticket, TokenDurability, acquire,
+};
 use lease_postgres::{PostgresConfig, PostgresProvider};
 use lease_testkit::{OwnedProcess, owned_postgres, store_url};
 use lease_testkit::{unique, until_ok};
@@ -629,4 +631,84 @@ async fn extend_many_renews_a_thousand_rows_with_one_statement() {
     ] {
         sqlx::query(&sql).execute(pool).await.unwrap();
     }
+}
+
+/// A provider on the shared server with a lease table of its own (so
+/// resetting its waiters' numbering touches no other test).
+fn own_table(name: &str) -> (PostgresProvider, String) {
+    let table = unique(name);
+    let p = PostgresProvider::new(
+        PostgresConfig::new(store_url("LEASE_TEST_POSTGRES_URL"))
+            .table("public", &table)
+            .timeouts(TIMEOUT, TIMEOUT),
+    )
+    .unwrap();
+    (p, format!("\"public\".\"{table}_waiters\""))
+}
+
+/// The waiters' rows are lost and their numbering starts again (a restore,
+/// or a failover to a standby that had not seen the sequence's last WAL): a
+/// new waiter gets the stale ticket's number. The stale waiter must find its
+/// ticket gone, not refresh, stand in or remove the new waiter's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ticket_number_given_again_after_the_queue_was_lost_is_not_the_old_ticket() {
+    let (p, waiters) = own_table("reused_ticket");
+    let queue = p.wait_queue().expect("PostgreSQL has a queue of waiters");
+    let k = LeaseKey::new(unique("reused-ticket")).unwrap();
+    let stale = queue.join(&k, TTL, Ticket::random_mark()).await.unwrap();
+    let pool = p.pool().unwrap();
+    sqlx::query(&format!("DELETE FROM {waiters}"))
+        .execute(pool)
+        .await
+        .unwrap();
+    sqlx::query(&format!("ALTER TABLE {waiters} ALTER COLUMN seq RESTART"))
+        .execute(pool)
+        .await
+        .unwrap();
+    let reused = loop {
+        let t = queue.join(&k, TTL, Ticket::random_mark()).await.unwrap();
+        assert!(t.seq() <= stale.seq(), "the numbering did not start again");
+        if t.seq() == stale.seq() {
+            break t;
+        }
+    };
+    assert!(
+        !queue.refresh(&stale, TTL).await.unwrap(),
+        "the stale waiter refreshed the new waiter's ticket {reused:?}"
+    );
+    assert_eq!(queue.place(&stale).await.unwrap(), Place::Gone);
+    queue.leave(&stale).await.unwrap();
+    assert!(
+        queue.refresh(&reused, TTL).await.unwrap(),
+        "the stale waiter's leave removed the new waiter's ticket"
+    );
+    assert_eq!(queue.place(&reused).await.unwrap(), Place::First);
+    sqlx::query(&format!(
+        "DROP TABLE {waiters}, {}",
+        waiters.replace("_waiters", "")
+    ))
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// The answer to a fair waiter's join is lost (the connection drops after
+/// the INSERT committed): the waiter's retry finds its own ticket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_acquire_whose_join_answer_was_lost_does_not_wait_behind_its_own_ticket() {
+    let server = owned_postgres();
+    let proxy = lease_testkit::Proxy::start(server.port()).await;
+    let p = PostgresProvider::new(
+        PostgresConfig::new(format!(
+            "postgres://postgres@127.0.0.1:{}/postgres",
+            proxy.port()
+        ))
+        .timeouts(TIMEOUT, TIMEOUT),
+    )
+    .unwrap();
+    // The join is the first statement that carries the key.
+    lease_testkit::assert_a_lost_join_answer_costs_no_wait(Arc::new(p), &proxy, |k| {
+        k.as_str().as_bytes().to_vec()
+    })
+    .await;
 }

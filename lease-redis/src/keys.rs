@@ -27,20 +27,47 @@ pub(crate) fn redis_keys(ns_encoded: &str, key: &str) -> (String, String) {
 }
 
 /// The Redis names of a lease key's queue of waiters (same hash tag as the
-/// lease): (tickets by place, ticket deadlines, place counter).
-pub(crate) fn queue_keys(lease_key: &str) -> (String, String, String) {
+/// lease).
+pub(crate) fn queue_keys(lease_key: &str) -> QueueKeys {
     let tag = lease_key.strip_suffix(":lease").unwrap_or(lease_key);
-    (
-        format!("{tag}:queue"),
-        format!("{tag}:queue-deadlines"),
-        format!("{tag}:queue-counter"),
-    )
+    QueueKeys {
+        tickets: format!("{tag}:queue"),
+        deadlines: format!("{tag}:queue-deadlines"),
+        counter: format!("{tag}:queue-counter"),
+        marks: format!("{tag}:queue-marks"),
+    }
+}
+
+/// The Redis keys of one lease key's queue of waiters (one hash tag).
+pub(crate) struct QueueKeys {
+    /// Sorted set of ticket members, scored by number.
+    pub tickets: String,
+    /// Sorted set of ticket members, scored by deadline (server ms).
+    pub deadlines: String,
+    /// The ticket counter.
+    pub counter: String,
+    /// Hash from a join's mark to its ticket member.
+    pub marks: String,
+}
+
+/// A ticket's member in the queue's sorted sets: `<seq>:<mark>`, the mark in
+/// 16 hex digits.
+pub(crate) fn ticket_member(seq: u64, mark: u64) -> String {
+    format!("{seq}:{mark:016x}")
+}
+
+/// The mark of a ticket member (`<seq>:<mark>`); zero for a malformed one.
+pub(crate) fn member_mark(member: &str) -> u64 {
+    member
+        .split_once(':')
+        .and_then(|(_, m)| u64::from_str_radix(m, 16).ok())
+        .unwrap_or(0)
 }
 
 /// The release-channel message that announces a waiter leaving the queue of
-/// `key`: a NUL no lease key contains, the key, and the ticket's place.
-pub(crate) fn ticket_message(key: &str, seq: u64) -> String {
-    format!("\0q|{key}|{seq}")
+/// `key`: a NUL no lease key contains, the key, and the ticket's member.
+pub(crate) fn ticket_message(key: &str, member: &str) -> String {
+    format!("\0q|{key}|{member}")
 }
 
 /// The tombstone that cancels one owner's acquire (same hash tag as the lease):

@@ -162,63 +162,94 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 ";
 
-/// Keeps the queue's keys (ordered tickets, deadlines, counter) at least
-/// `ARGV[2]` ms plus a minute: they go only when no ticket was refreshed for
-/// that long, so the counter never starts again under live tickets.
+/// Keeps the queue's keys (ordered tickets, deadlines, counter, marks) at
+/// least `ARGV[2]` ms plus a minute: they go only when no ticket was
+/// refreshed for that long. Should they go anyway (or the store lose them),
+/// the counter starts again, but a ticket is its member `<seq>:<mark>`, and a
+/// new join's mark is its own: a number given twice never names another
+/// waiter's ticket.
 const KEEP_QUEUE: &str = r"
 local keep = tonumber(ARGV[2]) + 60000
-for i = 1, 3 do
+for i = 1, 4 do
   local pttl = redis.call('PTTL', KEYS[i])
   if pttl >= 0 and pttl < keep then redis.call('PEXPIRE', KEYS[i], keep) end
   if pttl == -1 then redis.call('PEXPIRE', KEYS[i], keep) end
 end
 ";
 
-/// KEYS: the queue's tickets (score: place), deadlines (score: ms), counter.
-/// ARGV: unused, ttl ms. Appends a ticket; returns its place.
+/// KEYS: the queue's tickets (member `<seq>:<mark>`, score: seq), deadlines
+/// (same members, score: ms), counter, marks (hash: mark -> member).
+/// ARGV: mark, ttl ms. Appends a ticket and returns its number; a join with
+/// the mark of a live ticket (a retry after a lost answer) renews that ticket
+/// and returns its number instead.
 pub(crate) static QUEUE_JOIN: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"{NOW_MS}
-local seq = redis.call('INCR', KEYS[3])
-redis.call('ZADD', KEYS[1], seq, seq)
-redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), seq)
+local seq
+local member = redis.call('HGET', KEYS[4], ARGV[1])
+if member then
+  local deadline = redis.call('ZSCORE', KEYS[2], member)
+  local place = redis.call('ZSCORE', KEYS[1], member)
+  if deadline and place and tonumber(deadline) > now then
+    redis.call('ZADD', KEYS[2], 'XX', now + tonumber(ARGV[2]), member)
+    seq = tonumber(place)
+  end
+end
+if not seq then
+  seq = redis.call('INCR', KEYS[3])
+  member = seq .. ':' .. ARGV[1]
+  redis.call('ZADD', KEYS[1], seq, member)
+  redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), member)
+  redis.call('HSET', KEYS[4], ARGV[1], member)
+end
 {KEEP_QUEUE}
 return seq
 "
     ))
 });
 
-/// KEYS: tickets, deadlines. ARGV: place. Drops the tickets past their
-/// deadline; returns {-1, 0} when this ticket is gone, {0, 0} when it is
-/// first, else {place ahead, its remaining ms}.
+/// Removes member `m` of marks hash `marks` if it names this member.
+const FORGET_MARK: &str = r"
+local function forget(marks, m)
+  local mark = string.match(m, ':(.*)$')
+  if mark and redis.call('HGET', marks, mark) == m then redis.call('HDEL', marks, mark) end
+end
+";
+
+/// KEYS: tickets, deadlines, marks. ARGV: member. Drops the tickets past
+/// their deadline; returns {-1, 0, ''} when this ticket is gone, {0, 0, ''}
+/// when it is first, else {number ahead, its remaining ms, its member}.
 pub(crate) static QUEUE_PLACE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        r"{NOW_MS}
+        r"{NOW_MS}{FORGET_MARK}
 local dead = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
-for _, s in ipairs(dead) do
-  redis.call('ZREM', KEYS[1], s)
-  redis.call('ZREM', KEYS[2], s)
+for _, m in ipairs(dead) do
+  redis.call('ZREM', KEYS[1], m)
+  redis.call('ZREM', KEYS[2], m)
+  forget(KEYS[3], m)
 end
-if not redis.call('ZSCORE', KEYS[2], ARGV[1]) or not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
-  return {{-1, 0}}
+local own = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not own or not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
+  return {{-1, 0, ''}}
 end
 -- A ticket without a deadline (one of the two sets lost an entry, as an
 -- eviction can do) counts as dead.
 while true do
-  local ahead = redis.call('ZREVRANGEBYSCORE', KEYS[1], '(' .. ARGV[1], '-inf', 'LIMIT', 0, 1)
-  if #ahead == 0 then return {{0, 0}} end
+  local ahead = redis.call('ZREVRANGEBYSCORE', KEYS[1], '(' .. own, '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  if #ahead == 0 then return {{0, 0, ''}} end
   local deadline = redis.call('ZSCORE', KEYS[2], ahead[1])
   if deadline then
-    return {{tonumber(ahead[1]), math.max(tonumber(deadline) - now, 0)}}
+    return {{tonumber(ahead[2]), math.max(tonumber(deadline) - now, 0), ahead[1]}}
   end
   redis.call('ZREM', KEYS[1], ahead[1])
+  forget(KEYS[3], ahead[1])
 end
 "
     ))
 });
 
-/// KEYS: tickets, deadlines, counter. ARGV: place, ttl ms. Returns 1 when
-/// the live ticket got `ttl` more from now, 0 when it was gone.
+/// KEYS: tickets, deadlines, counter, marks. ARGV: member, ttl ms. Returns 1
+/// when the live ticket got `ttl` more from now, 0 when it was gone.
 pub(crate) static QUEUE_REFRESH: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"{NOW_MS}
@@ -231,20 +262,21 @@ return 1
     ))
 });
 
-/// KEYS: tickets, deadlines. ARGV: place, channel, message. Removes the
-/// ticket and announces it on the channel (the waiter behind listens).
+/// KEYS: tickets, deadlines, marks. ARGV: member, channel, message. Removes
+/// the ticket and announces it on the channel (the waiter behind listens).
 pub(crate) static QUEUE_LEAVE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
+    Script::new(&format!(
+        r"{FORGET_MARK}
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
+forget(KEYS[3], ARGV[1])
 redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1
-",
-    )
+"
+    ))
 });
 
-/// KEYS: deadlines. ARGV: place. 1 while the ticket is queued and live.
+/// KEYS: deadlines. ARGV: member. 1 while the ticket is queued and live.
 pub(crate) static QUEUE_LIVE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"{NOW_MS}

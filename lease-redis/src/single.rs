@@ -13,7 +13,10 @@ use lease_api::{
 use redis::Value;
 use tokio::time::Instant;
 
-use crate::keys::{cancel_key, encode, queue_keys, redis_keys, release_channel, ticket_message};
+use crate::keys::{
+    QueueKeys, cancel_key, encode, member_mark, queue_keys, redis_keys, release_channel,
+    ticket_member, ticket_message,
+};
 use crate::node::{Node, Timeouts};
 use crate::scripts::{
     ACQUIRE, EXTEND, EXTEND_BATCH, EXTEND_MANY, INSPECT, QUEUE_JOIN, QUEUE_LEAVE, QUEUE_LIVE,
@@ -833,7 +836,7 @@ impl LeaseProvider for RedisProvider {
 }
 
 impl RedisProvider {
-    fn queue_keys(&self, key: &LeaseKey) -> (String, String, String) {
+    fn queue_keys(&self, key: &LeaseKey) -> QueueKeys {
         queue_keys(&self.keys(key).0)
     }
 }
@@ -845,30 +848,38 @@ impl RedisProvider {
 /// for; a dead waiter's ticket is dropped once its deadline passed.
 #[async_trait]
 impl WaitQueue for RedisProvider {
-    async fn join(&self, key: &LeaseKey, ttl: Duration) -> Result<Ticket> {
+    async fn join(&self, key: &LeaseKey, ttl: Duration, mark: u64) -> Result<Ticket> {
         let ttl = self.capabilities().grant_ttl(ttl)?;
-        let (q, d, n) = self.queue_keys(key);
+        let k = self.queue_keys(key);
         let ms = ttl.as_millis().to_string();
         let seq: u64 = self
             .inner
             .node
-            .eval(&QUEUE_JOIN, &[&q, &d, &n], &["", &ms])
+            .eval(
+                &QUEUE_JOIN,
+                &[&k.tickets, &k.deadlines, &k.counter, &k.marks],
+                &[&format!("{mark:016x}"), &ms],
+            )
             .await?;
-        Ok(Ticket::new(key.clone(), seq, 0))
+        Ok(Ticket::new(key.clone(), seq, mark))
     }
 
     async fn place(&self, ticket: &Ticket) -> Result<Place> {
-        let (q, d, _) = self.queue_keys(ticket.key());
-        let (ahead, remaining): (i64, i64) = self
+        let k = self.queue_keys(ticket.key());
+        let (ahead, remaining, member): (i64, i64, String) = self
             .inner
             .node
-            .eval(&QUEUE_PLACE, &[&q, &d], &[&ticket.seq().to_string()])
+            .eval(
+                &QUEUE_PLACE,
+                &[&k.tickets, &k.deadlines, &k.marks],
+                &[&ticket_member(ticket.seq(), ticket.mark())],
+            )
             .await?;
         Ok(match u64::try_from(ahead) {
             Err(_) => Place::Gone,
             Ok(0) => Place::First,
             Ok(seq) => Place::Behind {
-                ahead: Ticket::new(ticket.key().clone(), seq, 0),
+                ahead: Ticket::new(ticket.key().clone(), seq, member_mark(&member)),
                 remaining: Some(Duration::from_millis(u64::try_from(remaining).unwrap_or(0))),
             },
         })
@@ -877,19 +888,20 @@ impl WaitQueue for RedisProvider {
     async fn watch_ticket(&self, ahead: &Ticket) -> Result<Box<dyn KeyWatch>> {
         // Registered and subscribed first, then looked at: a leave before
         // the look shows as a missing ticket, one after it as a message.
+        let member = ticket_member(ahead.seq(), ahead.mark());
         let watch = self
             .inner
             .hub
-            .watch(&ticket_message(ahead.key().as_str(), ahead.seq()));
+            .watch(&ticket_message(ahead.key().as_str(), &member));
         self.inner
             .node
             .subscribe(&self.inner.channel, &self.inner.hub)
             .await?;
-        let (_, d, _) = self.queue_keys(ahead.key());
+        let k = self.queue_keys(ahead.key());
         let live: i64 = self
             .inner
             .node
-            .eval(&QUEUE_LIVE, &[&d], &[&ahead.seq().to_string()])
+            .eval(&QUEUE_LIVE, &[&k.deadlines], &[&member])
             .await?;
         if live == 1 {
             Ok(Box::new(watch))
@@ -900,31 +912,35 @@ impl WaitQueue for RedisProvider {
 
     async fn refresh(&self, ticket: &Ticket, ttl: Duration) -> Result<bool> {
         let ttl = self.capabilities().grant_ttl(ttl)?;
-        let (q, d, n) = self.queue_keys(ticket.key());
+        let k = self.queue_keys(ticket.key());
         let done: i64 = self
             .inner
             .node
             .eval(
                 &QUEUE_REFRESH,
-                &[&q, &d, &n],
-                &[&ticket.seq().to_string(), &ttl.as_millis().to_string()],
+                &[&k.tickets, &k.deadlines, &k.counter, &k.marks],
+                &[
+                    &ticket_member(ticket.seq(), ticket.mark()),
+                    &ttl.as_millis().to_string(),
+                ],
             )
             .await?;
         Ok(done == 1)
     }
 
     async fn leave(&self, ticket: &Ticket) -> Result<()> {
-        let (q, d, _) = self.queue_keys(ticket.key());
+        let k = self.queue_keys(ticket.key());
+        let member = ticket_member(ticket.seq(), ticket.mark());
         let _: i64 = self
             .inner
             .node
             .eval(
                 &QUEUE_LEAVE,
-                &[&q, &d],
+                &[&k.tickets, &k.deadlines, &k.marks],
                 &[
-                    &ticket.seq().to_string(),
+                    &member,
                     &self.inner.channel,
-                    &ticket_message(ticket.key().as_str(), ticket.seq()),
+                    &ticket_message(ticket.key().as_str(), &member),
                 ],
             )
             .await?;

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lease_api::{
-    AcquireOptions, LeaseError, LeaseKey, LeaseProvider, TokenDurability, TryAcquire, acquire,
+    AcquireOptions, LeaseError, LeaseKey, LeaseProvider, Place, Ticket, TokenDurability,
+    TryAcquire, acquire,
 };
 use lease_redis::{RedisConfig, RedisProvider, RedlockConfig, RedlockProvider};
 use lease_testkit::{OwnedProcess, owned_redis, owned_redis_with, store_url};
@@ -922,4 +923,71 @@ async fn extend_many_renews_a_thousand_leases_with_one_script_call() {
     }
     // Nobody else got the released key's row touched: it is free.
     assert!(p.inspect(leases[7].key()).await.unwrap().is_none());
+}
+
+/// The queue's Redis keys of `k` (tickets, deadlines, counter, marks).
+async fn queue_keys_of(admin: &mut redis::aio::MultiplexedConnection, k: &LeaseKey) -> Vec<String> {
+    redis::cmd("KEYS")
+        .arg(format!("*{}}}:queue*", k.as_str()))
+        .query_async(admin)
+        .await
+        .unwrap()
+}
+
+/// The store loses a key's queue while a waiter holds a ticket (its keys
+/// expired while the waiter was paused, or a restart without persistence):
+/// the counter starts again and a new waiter gets the stale ticket's
+/// number. The stale waiter must find its ticket gone, not refresh, stand
+/// in or remove the new waiter's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ticket_number_given_again_after_the_queue_was_lost_is_not_the_old_ticket() {
+    let server = owned_redis(false);
+    let p = provider(&server);
+    let queue = p.wait_queue().expect("Redis has a queue of waiters");
+    let k = key("reused-ticket");
+    let ttl = Duration::from_secs(10);
+    let stale = queue.join(&k, ttl, Ticket::random_mark()).await.unwrap();
+    let mut admin = admin_connection(&server).await;
+    let keys = queue_keys_of(&mut admin, &k).await;
+    assert_eq!(keys.len(), 4, "the queue's keys: {keys:?}");
+    let () = redis::cmd("DEL")
+        .arg(&keys)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let reused = loop {
+        let t = queue.join(&k, ttl, Ticket::random_mark()).await.unwrap();
+        assert!(t.seq() <= stale.seq(), "the counter did not start again");
+        if t.seq() == stale.seq() {
+            break t;
+        }
+    };
+    assert!(
+        !queue.refresh(&stale, ttl).await.unwrap(),
+        "the stale waiter refreshed the new waiter's ticket {reused:?}"
+    );
+    assert_eq!(queue.place(&stale).await.unwrap(), Place::Gone);
+    queue.leave(&stale).await.unwrap();
+    assert!(
+        queue.refresh(&reused, ttl).await.unwrap(),
+        "the stale waiter's leave removed the new waiter's ticket"
+    );
+    assert_eq!(queue.place(&reused).await.unwrap(), Place::First);
+}
+
+/// The answer to a fair waiter's join is lost (the connection drops after
+/// Redis ran the script): the waiter's retry finds its own ticket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_acquire_whose_join_answer_was_lost_does_not_wait_behind_its_own_ticket() {
+    let server = owned_redis(false);
+    let proxy = lease_testkit::Proxy::start(server.port()).await;
+    let p = RedisProvider::new(
+        RedisConfig::new(format!("redis://127.0.0.1:{}", proxy.port())).timeouts(TIMEOUT, TIMEOUT),
+    )
+    .unwrap();
+    // The join is the first request that names the key's queue counter.
+    lease_testkit::assert_a_lost_join_answer_costs_no_wait(Arc::new(p), &proxy, |k| {
+        format!("{}}}:queue-counter", k.as_str()).into_bytes()
+    })
+    .await;
 }

@@ -53,8 +53,16 @@ pub trait Topology: Send + Sync {
     /// The index of the member that leads now, if the store has a leader
     /// and one is elected.
     fn leader(&self) -> Option<usize>;
-    /// True when the running members serve as a whole (a quorum, a leader).
-    fn healthy(&self) -> bool;
+    /// `Ok` when the running members serve as a whole (a quorum, a leader);
+    /// else which member failed which check, and what it answered.
+    ///
+    /// # Errors
+    /// The first check that failed.
+    fn health(&self) -> Result<(), String>;
+    /// True when [`health`](Self::health) is `Ok`.
+    fn healthy(&self) -> bool {
+        self.health().is_ok()
+    }
     /// False for a store without a leader (Redlock's independent nodes).
     fn has_leader(&self) -> bool {
         true
@@ -66,7 +74,7 @@ pub trait Topology: Send + Sync {
     /// When it is not healthy within `limit`; the message shows the members' logs.
     fn wait_healthy(&self, limit: Duration) {
         let deadline = Instant::now() + limit;
-        while !self.healthy() {
+        while let Err(why) = self.health() {
             if Instant::now() >= deadline {
                 let logs: Vec<String> = self
                     .members()
@@ -74,7 +82,7 @@ pub trait Topology: Send + Sync {
                     .map(|m| format!("--- {} ---\n{}", m.name(), m.log_tail()))
                     .collect();
                 panic!(
-                    "the cluster is not healthy after {limit:?}:\n{}",
+                    "the cluster is not healthy after {limit:?}: {why}\n{}",
                     logs.join("\n")
                 );
             }
@@ -223,22 +231,18 @@ impl Topology for EtcdCluster {
             .max()
             .map(|(_, i)| i)
     }
-    fn healthy(&self) -> bool {
-        let running: Vec<String> = self
-            .members
-            .iter()
-            .filter(|m| m.is_running())
-            .map(|m| format!("http://127.0.0.1:{}", m.port()))
-            .collect();
-        !running.is_empty()
-            && self.leader().is_some()
-            && output(
-                Command::new("etcdctl")
-                    .env("ETCDCTL_API", "3")
-                    .arg(format!("--endpoints={}", running.join(",")))
-                    .args(["--command-timeout=2s", "endpoint", "health"]),
-            )
-            .is_some()
+    /// A leader, and every running member answers a linearizable read
+    /// (which goes through the leader and needs a quorum).
+    fn health(&self) -> Result<(), String> {
+        if self.leader().is_none() {
+            return Err("no member reports itself leader (etcdctl endpoint status)".into());
+        }
+        for m in self.members.iter().filter(|m| m.is_running()) {
+            crate::Readiness::Etcd { tls: None }
+                .check(m.port(), m.dir.path())
+                .map_err(|e| format!("{}: linearizable read failed: {e}", m.name()))?;
+        }
+        Ok(())
     }
 }
 
@@ -262,7 +266,7 @@ impl ZkEnsemble {
         for attempt in 1..=3 {
             let e = Self::launch(n);
             let deadline = Instant::now() + limit;
-            while !e.healthy() && Instant::now() < deadline {
+            while e.health().is_err() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(100));
             }
             if e.healthy() {
@@ -353,15 +357,23 @@ impl Topology for ZkEnsemble {
     fn leader(&self) -> Option<usize> {
         (0..self.members.len()).find(|&i| self.mode(i).as_deref() == Some("leader"))
     }
-    fn healthy(&self) -> bool {
-        let modes: Vec<Option<String>> = (0..self.members.len())
+    /// One server leads and every other running one follows (`srvr`).
+    fn health(&self) -> Result<(), String> {
+        let modes: Vec<(String, Option<String>)> = (0..self.members.len())
             .filter(|&i| self.members[i].is_running())
-            .map(|i| self.mode(i))
+            .map(|i| (self.members[i].name().to_owned(), self.mode(i)))
             .collect();
-        modes.iter().any(|m| m.as_deref() == Some("leader"))
-            && modes
-                .iter()
-                .all(|m| matches!(m.as_deref(), Some("leader" | "follower")))
+        if let Some((name, mode)) = modes
+            .iter()
+            .find(|(_, m)| !matches!(m.as_deref(), Some("leader" | "follower")))
+        {
+            return Err(format!("{name}: srvr shows mode {mode:?}"));
+        }
+        if modes.iter().any(|(_, m)| m.as_deref() == Some("leader")) {
+            Ok(())
+        } else {
+            Err("no server leads (srvr)".into())
+        }
     }
 }
 
@@ -407,9 +419,32 @@ impl Topology for RedisNodes {
     fn has_leader(&self) -> bool {
         false
     }
-    fn healthy(&self) -> bool {
-        let up = self.members.iter().filter(|m| m.is_running()).count();
-        up > self.members.len() / 2
+    /// A majority of the nodes runs and answers PING.
+    fn health(&self) -> Result<(), String> {
+        let mut failed = Vec::new();
+        let up = self
+            .members
+            .iter()
+            .filter(|m| m.is_running())
+            .filter(
+                |m| match crate::Readiness::RedisPing.check(m.port(), m.dir.path()) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        failed.push(format!("{}: {e}", m.name()));
+                        false
+                    }
+                },
+            )
+            .count();
+        if up > self.members.len() / 2 {
+            Ok(())
+        } else {
+            Err(format!(
+                "{up} of {} nodes answer PING: {}",
+                self.members.len(),
+                failed.join("; ")
+            ))
+        }
     }
 }
 
@@ -494,6 +529,7 @@ impl RedisSentinel {
                     vec![cfg.display().to_string(), "--sentinel".into()],
                     port,
                     dir,
+                    crate::Readiness::RedisPing,
                 )
             })
             .collect();
@@ -650,9 +686,11 @@ impl Topology for RedisSentinel {
     /// A primary the Sentinels agree on, every other running data node
     /// replicating from it in sync, and every Sentinel seeing the primary
     /// up, the other Sentinels and the replicas.
-    fn healthy(&self) -> bool {
+    fn health(&self) -> Result<(), String> {
         let Some(primary) = self.leader() else {
-            return false;
+            return Err(
+                "no data node that a majority of Sentinels names answers ROLE master".into(),
+            );
         };
         let primary_port = self.members[primary].port().to_string();
         let replicas = self
@@ -661,19 +699,25 @@ impl Topology for RedisSentinel {
             .enumerate()
             .filter(|(i, m)| *i != primary && m.is_running())
             .count();
-        let replicas_ok = self
+        if let Some((_, m)) = self
             .members
             .iter()
             .enumerate()
             .filter(|(i, m)| *i != primary && m.is_running())
-            .all(|(_, m)| {
-                redis_cli(m.port(), &["INFO", "replication"]).is_some_and(|info| {
+            .find(|(_, m)| {
+                !redis_cli(m.port(), &["INFO", "replication"]).is_some_and(|info| {
                     info.iter()
                         .any(|l| l.trim() == format!("master_port:{primary_port}"))
                         && info.iter().any(|l| l.trim() == "master_link_status:up")
                 })
-            });
-        let sentinels_ok = (0..self.sentinels.len()).all(|i| {
+            })
+        {
+            return Err(format!(
+                "{}: INFO replication lacks master_port:{primary_port} with master_link_status:up",
+                m.name()
+            ));
+        }
+        let sentinel_ok = |i: usize| {
             self.sentinel_view(i).is_some_and(|view| {
                 let get = |k: &str| {
                     view.iter()
@@ -687,8 +731,16 @@ impl Topology for RedisSentinel {
                         .and_then(|n| n.parse::<usize>().ok())
                         .is_some_and(|n| n >= replicas)
             })
-        });
-        replicas_ok && sentinels_ok
+        };
+        match (0..self.sentinels.len()).find(|&i| !sentinel_ok(i)) {
+            Some(i) => Err(format!(
+                "sentinel-{i}: SENTINEL master does not show {primary_port} up as master with \
+                 {} other Sentinels and {replicas} replicas: {:?}",
+                self.sentinels.len() - 1,
+                self.sentinel_view(i)
+            )),
+            None => Ok(()),
+        }
     }
 }
 
@@ -829,24 +881,41 @@ impl Topology for PostgresHa {
     fn leader(&self) -> Option<usize> {
         (0..self.members.len()).find(|&i| self.is_primary(i))
     }
-    /// One primary, and every other running member a standby streaming
-    /// from it.
-    fn healthy(&self) -> bool {
+    /// One primary, every other running member a standby whose WAL
+    /// receiver streams (`pg_stat_wal_receiver`), and the primary counting
+    /// each of them as a streaming sender.
+    fn health(&self) -> Result<(), String> {
         let Some(primary) = self.leader() else {
-            return false;
+            return Err("no running member answers pg_is_in_recovery() = f".into());
         };
-        let others = self
+        let standbys: Vec<u16> = self
             .members
             .iter()
             .enumerate()
             .filter(|(i, m)| *i != primary && m.is_running())
-            .count();
+            .map(|(_, m)| m.port())
+            .collect();
+        for &port in &standbys {
+            let status = psql(port, "SELECT status FROM pg_stat_wal_receiver");
+            if status.as_deref() != Some("streaming") {
+                return Err(format!(
+                    "the standby on {port}: pg_stat_wal_receiver status {status:?}"
+                ));
+            }
+        }
         let streaming = psql(
             self.members[primary].port(),
             "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'",
         )
         .and_then(|n| n.parse::<usize>().ok());
-        streaming == Some(others)
+        if streaming == Some(standbys.len()) {
+            Ok(())
+        } else {
+            Err(format!(
+                "the primary counts {streaming:?} streaming senders, not {}",
+                standbys.len()
+            ))
+        }
     }
 }
 
@@ -960,15 +1029,33 @@ impl Topology for RedisCluster {
     }
     /// Every running node says `cluster_state:ok`, and every running
     /// replica's link to its primary is up.
-    fn healthy(&self) -> bool {
-        self.members.iter().filter(|m| m.is_running()).all(|m| {
-            let ok = redis_cli(m.port(), &["CLUSTER", "INFO"])
-                .is_some_and(|info| info.iter().any(|l| l.trim() == "cluster_state:ok"));
+    fn health(&self) -> Result<(), String> {
+        for m in self.members.iter().filter(|m| m.is_running()) {
+            let info = redis_cli(m.port(), &["CLUSTER", "INFO"]);
+            if !info
+                .as_ref()
+                .is_some_and(|info| info.iter().any(|l| l.trim() == "cluster_state:ok"))
+            {
+                let state =
+                    info.and_then(|i| i.into_iter().find(|l| l.starts_with("cluster_state")));
+                return Err(format!(
+                    "{} port {}: CLUSTER INFO shows {state:?}",
+                    m.name(),
+                    m.port()
+                ));
+            }
             let linked = redis_cli(m.port(), &["INFO", "replication"]).is_some_and(|info| {
                 info.iter().any(|l| l.trim() == "role:master")
                     || info.iter().any(|l| l.trim() == "master_link_status:up")
             });
-            ok && linked
-        })
+            if !linked {
+                return Err(format!(
+                    "{} port {}: a replica whose master_link_status is not up",
+                    m.name(),
+                    m.port()
+                ));
+            }
+        }
+        Ok(())
     }
 }

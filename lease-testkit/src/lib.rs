@@ -12,12 +12,18 @@
 //! ```
 
 pub mod cluster;
+mod ready;
 
-use std::net::{TcpListener, TcpStream};
+pub use ready::Readiness;
+
+use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+/// How long a process may take to answer its readiness request.
+const READY_LIMIT: Duration = Duration::from_secs(60);
 
 /// How to start the shared stores, for failure messages.
 pub const HOW_TO_START: &str = "start the stores with `scripts/stores up && eval \"$(scripts/stores env)\"`, \
@@ -93,32 +99,35 @@ pub struct OwnedProcess {
     child: Option<Child>,
     run_as: Option<(u32, u32)>,
     stop_signal: &'static str,
+    readiness: Readiness,
     /// Kept alive for the process's data.
     pub dir: TempDir,
 }
 
 impl OwnedProcess {
     /// Starts `program args...` (which must listen on `port`) and waits until
-    /// the port accepts connections.
+    /// it answers `readiness`'s request.
     ///
     /// # Panics
-    /// If the program cannot be started or never listens: the message names it
-    /// and shows the end of its log.
+    /// If the program cannot be started or is not ready in 60 s: the message
+    /// names it, the check and its last answer, and shows the end of its log.
     pub fn start(
         name: &str,
         program: impl Into<PathBuf>,
         args: Vec<String>,
         port: u16,
         dir: TempDir,
+        readiness: Readiness,
     ) -> Self {
         let mut p = Self::spawn(name, program, args, port, dir);
-        p.wait_listening(Duration::from_secs(60));
+        p.readiness = readiness;
+        p.wait_ready(READY_LIMIT);
         p
     }
 
-    /// Starts `program args...` without waiting for it to listen: for members
-    /// of a cluster, which listen only once their peers are up. Wait with
-    /// [`wait_listening`](Self::wait_listening).
+    /// Starts `program args...` without waiting for it: for members of a
+    /// cluster, which serve only once their peers are up. Its readiness is
+    /// [`Readiness::Listening`]; the topology's health is the real check.
     ///
     /// # Panics
     /// If the program cannot be started.
@@ -139,6 +148,7 @@ impl OwnedProcess {
             child: None,
             run_as: None,
             stop_signal: "TERM",
+            readiness: Readiness::Listening,
             dir,
         };
         p.launch();
@@ -177,7 +187,7 @@ impl OwnedProcess {
     /// As [`start`](Self::start).
     pub fn start_again(&mut self) {
         self.launch();
-        self.wait_listening(Duration::from_secs(60));
+        self.wait_ready(READY_LIMIT);
     }
 
     /// Spawns the program (through [`spawn_lasting`], so it dies with the
@@ -210,17 +220,19 @@ impl OwnedProcess {
         self.child = Some(child);
     }
 
-    /// Waits until its port accepts connections.
+    /// Waits until it answers its [`Readiness`] request.
     ///
     /// # Panics
-    /// When it exits meanwhile or does not listen within `limit`; the
-    /// message shows the end of its log.
-    pub fn wait_listening(&mut self, limit: Duration) {
+    /// When it exits meanwhile or is not ready within `limit`; the message
+    /// names the process, the check and what it last answered, and shows the
+    /// end of its log.
+    pub fn wait_ready(&mut self, limit: Duration) {
         let deadline = Instant::now() + limit;
         loop {
-            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return;
-            }
+            let last = match self.readiness.check(self.port, self.dir.path()) {
+                Ok(()) => return,
+                Err(answer) => answer,
+            };
             if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
                 panic!(
                     "{} exited with {status} during start-up:\n{}",
@@ -230,9 +242,10 @@ impl OwnedProcess {
             }
             assert!(
                 Instant::now() < deadline,
-                "{} did not listen on {} within {limit:?}:\n{}",
+                "{} on port {} not ready within {limit:?}: check \"{}\" last answered: {last}\nend of its log:\n{}",
                 self.name,
                 self.port,
+                self.readiness.describe(),
                 self.log_tail()
             );
             std::thread::sleep(Duration::from_millis(50));
@@ -428,7 +441,14 @@ pub(crate) fn redis_in(dir: TempDir, durable: bool, extra: &[&str]) -> OwnedProc
         args.extend(["--appendonly", "no"].map(String::from));
     }
     args.extend(extra.iter().map(|a| a.to_string()));
-    OwnedProcess::start("redis-server", "redis-server", args, port, dir)
+    OwnedProcess::start(
+        "redis-server",
+        "redis-server",
+        args,
+        port,
+        dir,
+        Readiness::RedisPing,
+    )
 }
 
 /// A certificate authority made for one test with the `openssl` program: a CA,
@@ -580,7 +600,14 @@ pub fn owned_redis_tls(ca: &TestCa, extra: &[&str]) -> OwnedProcess {
         "no".into(),
     ];
     args.extend(extra.iter().map(|a| a.to_string()));
-    OwnedProcess::start("redis-server", "redis-server", args, port, dir)
+    OwnedProcess::start(
+        "redis-server",
+        "redis-server",
+        args,
+        port,
+        dir,
+        Readiness::RedisTlsPing { ca: ca.ca() },
+    )
 }
 
 /// The directory of PostgreSQL's server programs (`initdb`, `postgres`).
@@ -828,6 +855,7 @@ fn postgres_server(
         child: None,
         run_as: None,
         stop_signal: "TERM",
+        readiness: Readiness::Postgres,
         dir,
     }
     .configured(run_as, "INT");
@@ -907,7 +935,13 @@ fn etcd_process(tls: Option<&TestCa>) -> OwnedProcess {
             "--client-cert-auth".into(),
         ]);
     }
-    OwnedProcess::start("etcd", "etcd", args, port, dir)
+    let readiness = Readiness::Etcd {
+        tls: tls.map(|ca| {
+            let (cert, key) = ca.client();
+            (ca.ca(), cert, key)
+        }),
+    };
+    OwnedProcess::start("etcd", "etcd", args, port, dir, readiness)
 }
 
 /// `zkServer.sh`, from `LEASE_TEST_ZK_SERVER` or Debian's location.
@@ -952,6 +986,7 @@ pub fn owned_zk_with_max_session(max_session: Duration) -> OwnedProcess {
         vec!["start-foreground".into(), cfg.display().to_string()],
         port,
         dir,
+        Readiness::Zookeeper,
     )
 }
 
@@ -962,7 +997,79 @@ pub struct Proxy {
     port: u16,
     cut: tokio::sync::watch::Sender<bool>,
     hole: tokio::sync::watch::Sender<u64>,
+    lose: LoseReply,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// The request whose answer [`Proxy::lose_reply_to`] is to lose, shared by
+/// the proxy's connections; taken by the first that forwards it.
+type LoseReply = std::sync::Arc<std::sync::Mutex<Option<Vec<u8>>>>;
+
+/// Copies `from` to `to` until either ends. A chunk that contains the armed
+/// pattern of `lose` disarms it, is forwarded, and sets `swallow`.
+async fn pump_requests(
+    from: &mut tokio::net::tcp::OwnedReadHalf,
+    to: &mut tokio::net::tcp::OwnedWriteHalf,
+    lose: &LoseReply,
+    swallow: &tokio::sync::Notify,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let chunk = &buf[..n];
+        let hit = {
+            let mut armed = lose
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let hit = armed
+                .as_ref()
+                .is_some_and(|p| chunk.windows(p.len().max(1)).any(|w| w == p.as_slice()));
+            if hit {
+                *armed = None;
+            }
+            hit
+        };
+        if to.write_all(chunk).await.is_err() {
+            return;
+        }
+        if hit {
+            swallow.notify_one();
+        }
+    }
+}
+
+/// Copies `from` to `to` until either ends, or, once `swallow` is notified,
+/// reads the server's next answer, drops it and returns (which closes the
+/// connection: the client never sees that answer).
+async fn pump_replies(
+    from: &mut tokio::net::tcp::OwnedReadHalf,
+    to: &mut tokio::net::tcp::OwnedWriteHalf,
+    swallow: &tokio::sync::Notify,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        tokio::select! {
+            biased;
+            () = swallow.notified() => {
+                let _ = from.read(&mut buf).await;
+                return;
+            }
+            r = from.read(&mut buf) => {
+                let n = match r {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                if to.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
 }
 
 impl Proxy {
@@ -977,6 +1084,8 @@ impl Proxy {
         let port = listener.local_addr().expect("proxy address").port();
         let (cut, watch) = tokio::sync::watch::channel(false);
         let (hole, holes) = tokio::sync::watch::channel(0u64);
+        let lose: LoseReply = std::sync::Arc::default();
+        let armed = std::sync::Arc::clone(&lose);
         let task = tokio::spawn(async move {
             loop {
                 let Ok((inbound, _)) = listener.accept().await else {
@@ -989,6 +1098,7 @@ impl Proxy {
                 let mut watch = watch.clone();
                 let mut holes = holes.clone();
                 let generation = *holes.borrow();
+                let lose = std::sync::Arc::clone(&armed);
                 tokio::spawn(async move {
                     let Ok(outbound) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await
                     else {
@@ -996,9 +1106,10 @@ impl Proxy {
                     };
                     let (mut ri, mut wi) = inbound.into_split();
                     let (mut ro, mut wo) = outbound.into_split();
+                    let swallow = tokio::sync::Notify::new();
                     let holed = tokio::select! {
-                        _ = tokio::io::copy(&mut ri, &mut wo) => false,
-                        _ = tokio::io::copy(&mut ro, &mut wi) => false,
+                        () = pump_requests(&mut ri, &mut wo, &lose, &swallow) => false,
+                        () = pump_replies(&mut ro, &mut wi, &swallow) => false,
                         _ = watch.wait_for(|cut| *cut) => false,
                         _ = holes.wait_for(|g| *g > generation) => true,
                     };
@@ -1015,8 +1126,29 @@ impl Proxy {
             port,
             cut,
             hole,
+            lose,
             task,
         }
+    }
+
+    /// Loses the answer to the next request that contains `pattern` (on
+    /// any connection): the request reaches the server, which carries it
+    /// out, and the connection is closed as its answer arrives, so the
+    /// client sees the connection drop and never learns the outcome.
+    pub fn lose_reply_to(&self, pattern: &[u8]) {
+        *self
+            .lose
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(pattern.to_vec());
+    }
+
+    /// Whether the request armed by [`lose_reply_to`](Self::lose_reply_to)
+    /// has been seen (and its answer lost or being lost).
+    pub fn reply_lost(&self) -> bool {
+        self.lose
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_none()
     }
 
     /// Black-holes every connection open now: both sides stay connected and
@@ -1161,4 +1293,81 @@ pub async fn assert_denied<P: lease_api::LeaseProvider>(
         "{what}: {:?}",
         started.elapsed()
     );
+}
+
+/// Asserts that nothing stays in `key`'s queue of waiters: within `within`
+/// (a winner leaves the queue in the background) a new ticket is first.
+///
+/// # Panics
+/// When a ticket stays ahead for `within`, or the store fails.
+pub async fn assert_line_empty<P: lease_api::LeaseProvider + ?Sized>(
+    p: &P,
+    key: &lease_api::LeaseKey,
+    within: Duration,
+) {
+    let queue = p.wait_queue().expect("a provider with a queue of waiters");
+    let give_up = Instant::now() + within;
+    loop {
+        let probe = queue
+            .join(
+                key,
+                Duration::from_secs(10),
+                lease_api::Ticket::random_mark(),
+            )
+            .await
+            .expect("join");
+        let place = queue.place(&probe).await.expect("place");
+        queue.leave(&probe).await.expect("leave");
+        if place == lease_api::Place::First {
+            return;
+        }
+        assert!(
+            Instant::now() < give_up,
+            "a ticket stayed in line for {within:?}: {place:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The answer to a fair waiter's join is lost: `proxy` (between `p` and its
+/// store) forwards the first request that contains `pattern(key)` (the
+/// join's, for a fresh key) and drops the connection as the answer arrives.
+/// The store made the ticket; the waiter, told only that the connection
+/// broke, joins again. It must get the free key within 2 s, far below a
+/// ticket's TTL, and leave nothing in line: a retried join finds its own
+/// ticket, or the lost one is removed.
+///
+/// # Panics
+/// When the answer was never lost, the acquire took 2 s or more or failed,
+/// or a ticket stayed in line.
+pub async fn assert_a_lost_join_answer_costs_no_wait(
+    p: std::sync::Arc<dyn lease_api::LeaseProvider>,
+    proxy: &Proxy,
+    pattern: impl Fn(&lease_api::LeaseKey) -> Vec<u8>,
+) {
+    use lease_api::{AcquireOptions, LeaseKey, acquire};
+    let ttl = Duration::from_secs(30);
+    let fair = |wait| AcquireOptions::ttl(ttl).wait(wait).fair();
+    // The key's queue used once first (scripts loaded, statements prepared,
+    // the key's nodes made) and left, so the answer lost is the join's.
+    let key = LeaseKey::new(unique("lost-join")).expect("key");
+    let lease = until_ok(|| acquire(&p, &key, fair(Duration::from_secs(5))))
+        .await
+        .expect("a free key");
+    p.release(&lease).await.expect("release");
+    assert_line_empty(&*p, &key, Duration::from_secs(5)).await;
+    proxy.lose_reply_to(&pattern(&key));
+    let started = Instant::now();
+    let lease = acquire(&p, &key, fair(Duration::from_secs(20)))
+        .await
+        .expect("the fair acquire")
+        .expect("the free key");
+    let took = started.elapsed();
+    assert!(proxy.reply_lost(), "the join's answer was never lost");
+    assert!(
+        took < Duration::from_secs(2),
+        "the fair acquire took {took:?}: it waited behind the ticket of its lost join"
+    );
+    assert_line_empty(&*p, &key, Duration::from_secs(2)).await;
+    p.release(&lease).await.expect("release");
 }

@@ -1110,12 +1110,13 @@ impl ZkProvider {
         format!("{}/waiters", self.paths(key).key)
     }
 
-    /// A waiter's node: `w-` and its sequence number, as ZooKeeper names
-    /// sequential nodes.
+    /// A waiter's node: `w-`, its join's mark, and its sequence number as
+    /// ZooKeeper names sequential nodes.
     fn ticket_path(&self, ticket: &Ticket) -> String {
         format!(
-            "{}/w-{}",
+            "{}/{}{}",
             self.waiters_path(ticket.key()),
+            ticket_prefix(ticket.mark()),
             sequence_suffix(ticket.seq())
         )
     }
@@ -1151,6 +1152,19 @@ impl ZkProvider {
     }
 }
 
+/// The name of a waiter node before ZooKeeper's sequence suffix: `w-`, the
+/// join's mark in 16 hex digits, `-`. The mark makes the node this join's
+/// even if the waiters node were made again and its numbers given twice.
+fn ticket_prefix(mark: u64) -> String {
+    format!("w-{mark:016x}-")
+}
+
+/// The (sequence number, mark) of a waiter node's name.
+fn parse_ticket(name: &str) -> Option<(u64, u64)> {
+    let (mark, seq) = name.strip_prefix("w-")?.split_once('-')?;
+    Some((seq.parse().ok()?, u64::from_str_radix(mark, 16).ok()?))
+}
+
 /// ZooKeeper's suffix of sequence number `seq`: ten digits, nineteen past
 /// `i32::MAX`.
 fn sequence_suffix(seq: u64) -> String {
@@ -1166,28 +1180,28 @@ fn sequence_suffix(seq: u64) -> String {
 /// node just ahead of it. A dead waiter's node goes with its session.
 #[async_trait]
 impl WaitQueue for ZkProvider {
-    async fn join(&self, key: &LeaseKey, ttl: Duration) -> Result<Ticket> {
+    async fn join(&self, key: &LeaseKey, ttl: Duration, mark: u64) -> Result<Ticket> {
         self.caps().grant_ttl(ttl)?;
         let client = self.client().await?;
         let paths = self.paths(key);
         let waiters = self.waiters_path(key);
         let mode = CreateMode::EphemeralSequential.with_acls(self.acls());
-        let node = format!("{waiters}/w-");
-        // The node's data names this join, so a create whose answer was lost
-        // can be found and removed: on ZooKeeper a ticket lives as long as
-        // the session, not a TTL.
-        let mark = OwnerId::random().to_hex();
+        let node = format!("{waiters}/{}", ticket_prefix(mark));
+        // The node's data names this create, so one whose answer was lost
+        // can be found and removed (on ZooKeeper a ticket lives as long as
+        // the session, not a TTL), and never the node of a retry.
+        let attempt = OwnerId::random().to_hex();
         for _ in 0..3 {
             let created = match self
                 .bounded(
                     "joining the queue",
-                    client.create(&node, mark.as_bytes(), &mode),
+                    client.create(&node, attempt.as_bytes(), &mode),
                 )
                 .await
             {
                 Ok(r) => r,
                 Err(e) => {
-                    self.remove_marked_in_background(client.clone(), waiters.clone(), mark);
+                    self.remove_marked_in_background(client.clone(), waiters.clone(), attempt);
                     return Err(e);
                 }
             };
@@ -1196,7 +1210,7 @@ impl WaitQueue for ZkProvider {
                     let seq = u64::try_from(seq.into_i64()).map_err(|_| {
                         LeaseError::protocol("ZooKeeper gave a negative sequence number")
                     })?;
-                    return Ok(Ticket::new(key.clone(), seq, 0));
+                    return Ok(Ticket::new(key.clone(), seq, mark));
                 }
                 // The key node or its waiters node does not exist yet.
                 Err(ZkError::NoNode) => {
@@ -1212,7 +1226,7 @@ impl WaitQueue for ZkProvider {
                     }
                 }
                 Err(e @ ZkError::ConnectionLoss) => {
-                    self.remove_marked_in_background(client.clone(), waiters.clone(), mark);
+                    self.remove_marked_in_background(client.clone(), waiters.clone(), attempt);
                     return Err(self.map_err(e));
                 }
                 Err(e) => return Err(self.map_err(e)),
@@ -1237,22 +1251,22 @@ impl WaitQueue for ZkProvider {
             Err(e) => return Err(self.map_err(e)),
         };
         let mut own = false;
-        let mut ahead: Option<u64> = None;
+        let mut ahead: Option<(u64, u64)> = None;
         for child in &children {
-            let Some(seq) = child.strip_prefix("w-").and_then(|s| s.parse::<u64>().ok()) else {
+            let Some((seq, mark)) = parse_ticket(child) else {
                 continue;
             };
             if seq == ticket.seq() {
-                own = true;
-            } else if seq < ticket.seq() && ahead.is_none_or(|a| seq > a) {
-                ahead = Some(seq);
+                own = mark == ticket.mark();
+            } else if seq < ticket.seq() && ahead.is_none_or(|(a, _)| seq > a) {
+                ahead = Some((seq, mark));
             }
         }
         Ok(match (own, ahead) {
             (false, _) => Place::Gone,
             (true, None) => Place::First,
-            (true, Some(seq)) => Place::Behind {
-                ahead: Ticket::new(ticket.key().clone(), seq, 0),
+            (true, Some((seq, mark))) => Place::Behind {
+                ahead: Ticket::new(ticket.key().clone(), seq, mark),
                 // It goes with its waiter's session.
                 remaining: None,
             },

@@ -3,7 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use lease_api::{AcquireOptions, LeaseError, LeaseGuard, LeaseKey, LeaseProvider, acquire};
+use lease_api::{
+    AcquireOptions, LeaseError, LeaseGuard, LeaseKey, LeaseProvider, Place, Ticket, acquire,
+};
 use lease_testkit::until_ok;
 use lease_testkit::{OwnedProcess, Proxy, owned_zk, owned_zk_with_max_session, store_url};
 use lease_zk::{ZkConfig, ZkProvider};
@@ -524,4 +526,60 @@ async fn a_session_renews_a_thousand_holder_nodes_with_one_request() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The key's waiters node is lost and made again while a waiter holds a
+/// ticket (an operator's cleanup, a restore): its numbering starts again
+/// and a new waiter gets the stale ticket's number. The stale waiter must
+/// find its ticket gone, not refresh, stand in or remove the new waiter's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ticket_number_given_again_after_the_queue_was_lost_is_not_the_old_ticket() {
+    let zk = owned_zk();
+    let p = ZkProvider::new(on_port(zk.port()).namespace("reuse_test")).unwrap();
+    let queue = p.wait_queue().expect("ZooKeeper has a queue of waiters");
+    let k = LeaseKey::new("reused-ticket").unwrap();
+    let stale = until_ok(|| queue.join(&k, TTL, Ticket::random_mark())).await;
+    let admin = zookeeper_client::Client::connect(&format!("127.0.0.1:{}", zk.port()))
+        .await
+        .unwrap();
+    let waiters = "/lease/reuse_test/reused-ticket/waiters";
+    for child in admin.list_children(waiters).await.unwrap() {
+        admin
+            .delete(&format!("{waiters}/{child}"), None)
+            .await
+            .unwrap();
+    }
+    admin.delete(waiters, None).await.unwrap();
+    let reused = loop {
+        let t = queue.join(&k, TTL, Ticket::random_mark()).await.unwrap();
+        assert!(t.seq() <= stale.seq(), "the numbering did not start again");
+        if t.seq() == stale.seq() {
+            break t;
+        }
+    };
+    assert!(
+        !queue.refresh(&stale, TTL).await.unwrap(),
+        "the stale waiter refreshed the new waiter's ticket {reused:?}"
+    );
+    assert_eq!(queue.place(&stale).await.unwrap(), Place::Gone);
+    queue.leave(&stale).await.unwrap();
+    assert!(
+        queue.refresh(&reused, TTL).await.unwrap(),
+        "the stale waiter's leave removed the new waiter's ticket"
+    );
+    assert_eq!(queue.place(&reused).await.unwrap(), Place::First);
+}
+
+/// The answer to a fair waiter's join is lost (the connection drops after
+/// ZooKeeper made the node): the lost node is removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_acquire_whose_join_answer_was_lost_does_not_wait_behind_its_own_ticket() {
+    let zk = owned_zk();
+    let proxy = Proxy::start(zk.port()).await;
+    let p = ZkProvider::new(on_port(proxy.port())).unwrap();
+    // The join is the first request that creates a node under the key's waiters.
+    lease_testkit::assert_a_lost_join_answer_costs_no_wait(Arc::new(p), &proxy, |k| {
+        format!("{}/waiters/w-", k.as_str()).into_bytes()
+    })
+    .await;
 }

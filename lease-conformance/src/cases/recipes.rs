@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use lease_api::Semaphore;
+use lease_api::{Semaphore, Ticket};
 
 use super::*;
 
@@ -258,7 +258,7 @@ async fn await_joined(
     };
     let give_up = Instant::now() + Duration::from_secs(20);
     loop {
-        let probe = queue.join(key, long_ttl(p)).await?;
+        let probe = queue.join(key, long_ttl(p), Ticket::random_mark()).await?;
         let place = queue.place(&probe).await;
         queue.leave(&probe).await?;
         if let lease_api::Place::Behind { ahead, .. } = place?
@@ -415,7 +415,7 @@ pub(super) async fn fair_queue_skips_dead_and_departed_waiters(ctx: Ctx) -> Case
         return Err(CaseError("no queue of waiters".into()));
     };
     let joined = Instant::now();
-    let _ticket = queue.join(&key, ttl).await?;
+    let _ticket = queue.join(&key, ttl, Ticket::random_mark()).await?;
     drop(crashed);
     let session = waiter.capabilities().holder_session.unwrap_or_default();
     let wait = expiry_bound(&*waiter, ttl) * 2 + session;
