@@ -92,4 +92,6 @@
 mod provider;
 mod session;
 
+#[doc(hidden)]
+pub use provider::SessionHook;
 pub use provider::{EtcdConfig, EtcdProvider, EtcdTls};

@@ -123,16 +123,16 @@ impl SessionStore for EtcdSessionStore {
             return Ok(leases.iter().map(|l| Err(LeaseError::lost(l))).collect());
         };
         let sent_at = Instant::now();
-        let (alive, attached) = tokio::join!(
-            self.provider.keep_alive_once(c.id),
-            self.provider.keys_on(c.id)
-        );
-        let ttl_left = alive?;
+        let ttl_left = self.provider.keep_alive_once(c.id).await?;
         if ttl_left <= 0 {
             self.forget(c.id).await;
             return Ok(leases.iter().map(|l| Err(LeaseError::lost(l))).collect());
         }
-        let attached = attached?;
+        self.provider.after_session_keep_alive().await;
+        // Read only once the keep-alive answered: a key deleted before this
+        // read is reported lost now. Read alongside it, a key deleted between
+        // the read and the keep-alive was renewed for a round it no longer had.
+        let attached = self.provider.keys_on(c.id).await?;
         let granted = Duration::from_secs(u64::try_from(ttl_left).unwrap_or(0));
         {
             let mut slot = self.current.lock().await;
