@@ -42,7 +42,8 @@ pub struct Leader {
 /// # async fn main() -> lease_api::Result<()> {
 /// use std::sync::Arc;
 /// use std::time::Duration;
-/// use lease_api::{Election, MemoryProvider};
+/// use lease_api::MemoryProvider;
+/// use lease_api::recipes::Election;
 ///
 /// let provider = Arc::new(MemoryProvider::new());
 /// let election = Election::new(provider, "scheduler", Duration::from_secs(10))?;
@@ -242,7 +243,7 @@ impl Election {
     /// A store error a retry cannot fix.
     pub async fn run(
         &self,
-        stop: crate::CancellationToken,
+        stop: tokio_util::sync::CancellationToken,
         mut callbacks: Callbacks,
     ) -> Result<()> {
         use futures_util::StreamExt;

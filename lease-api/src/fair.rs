@@ -270,7 +270,7 @@ where
             caps.backend
         )));
     };
-    let deadline = crate::deadline_in(wait);
+    let deadline = crate::backend::deadline_in(wait);
     // Tickets have a TTL of their own, bounded whatever the lease's: a dead
     // waiter holds the line up for seconds, not for a lease's hour.
     let ticket_ttl = caps.practical_ttl(ttl.clamp(MIN_TICKET_TTL, MAX_TICKET_TTL));

@@ -7,7 +7,8 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
-use crate::{FencingToken, Lease, LeaseError, LeaseKey, LeaseProvider, Result, deadline_after};
+use crate::backend::deadline_after;
+use crate::{FencingToken, Lease, LeaseError, LeaseKey, LeaseProvider, Result};
 
 /// How a [`LeaseGuard`] renews. Start from `GuardConfig::default()` and change
 /// what you need:

@@ -82,7 +82,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::KeyWatch;
+    use crate::backend::KeyWatch;
 
     #[tokio::test(start_paused = true)]
     async fn wakes_only_the_named_key_and_forgets_dropped_waiters() {

@@ -171,7 +171,8 @@ impl Lease {
         ttl: Duration,
         sent_at: Instant,
     ) -> Self {
-        let valid_until = crate::deadline_after(sent_at, ttl.saturating_sub(drift_margin(ttl)));
+        let valid_until =
+            crate::backend::deadline_after(sent_at, ttl.saturating_sub(drift_margin(ttl)));
         Lease {
             key,
             token,
@@ -190,7 +191,10 @@ impl Lease {
         Lease {
             ttl,
             sent_at,
-            valid_until: crate::deadline_after(sent_at, ttl.saturating_sub(drift_margin(ttl))),
+            valid_until: crate::backend::deadline_after(
+                sent_at,
+                ttl.saturating_sub(drift_margin(ttl)),
+            ),
             ..self.clone()
         }
     }

@@ -7,7 +7,7 @@
 //! works over any backend:
 //!
 //! - [`LeaseKey`], [`FencingToken`], [`Lease`], [`Capabilities`], [`LeaseError`]:
-//!   the vocabulary of the contract (clauses C1..C15, [below](#the-contract)).
+//!   the vocabulary of the contract (clauses C1..C17, [below](#the-contract)).
 //! - [`LeaseProvider`]: the object-safe trait a backend implements; one atomic
 //!   store step per method.
 //! - [`acquire`]: wait for a key with a time limit, woken by the store's
@@ -55,7 +55,7 @@
 //! Every provider keeps these clauses; `lease-conformance` has a named case for
 //! each, and runs against every backend.
 //!
-//! - **C1 keys and namespaces.** A key is 1 to [`MAX_KEY_BYTES`] bytes without
+//! - **C1 keys and namespaces.** A key is 1 to [`MAX_KEY_BYTES`](backend::MAX_KEY_BYTES) bytes without
 //!   NUL; any other byte is allowed and distinct. Providers in different
 //!   namespaces never see each other's keys.
 //! - **C2 atomic acquire.** [`LeaseProvider::try_acquire`] takes a free or
@@ -66,7 +66,7 @@
 //! - **C4 expiry on the store's clock.** An unrenewed lease stays held until
 //!   its TTL and is free within TTL + the declared `expiry_slack`, as the store's
 //!   clock (declared in [`ExpiryClock`]) counts, never the client's.
-//! - **C5 owners.** Every lease has a fresh random 128-bit [`OwnerId`]; extend
+//! - **C5 owners.** Every lease has a fresh random 128-bit [`OwnerId`](backend::OwnerId); extend
 //!   and release act only when both owner and token match, so a stale or forged
 //!   lease never touches the next holder's.
 //! - **C6 extend.** Pushes expiry to store-now + TTL and keeps the token; a
@@ -98,8 +98,8 @@
 //!   lease's lost signal only, and when the whole session cannot renew, every
 //!   lease fires by its own local validity.
 //! - **C17 fair waiting.** With [`AcquireOptions::fair`], waiters queue in
-//!   the store ([`LeaseProvider::wait_queue`], a [`WaitQueue`]) and get the key
-//!   in arrival order; each is woken only when the [`Ticket`] ahead of it
+//!   the store ([`LeaseProvider::wait_queue`], a [`WaitQueue`](backend::WaitQueue)) and get the key
+//!   in arrival order; each is woken only when the [`Ticket`](backend::Ticket) ahead of it
 //!   leaves, and a dead waiter's ticket ends with its TTL or session. Declared
 //!   by [`Capabilities::fair_waiting`]; a backend without it refuses a fair
 //!   acquire with [`LeaseError::Config`].
@@ -125,23 +125,20 @@ mod semaphore;
 mod session;
 mod time;
 
+pub mod recipes;
+
 pub use caps::{
-    Capabilities, DEFAULT_MAX_TTL, ExpiryClock, Failover, FailoverExtension, FailoverTokens,
-    Notifications, TokenDurability,
+    Capabilities, ExpiryClock, Failover, FailoverExtension, FailoverTokens, Notifications,
+    TokenDurability,
 };
-pub use election::{Callbacks, Election, Leader, Leadership};
-pub use error::{BoxError, LeaseError, Result};
-pub use fair::{MAX_TICKET_TTL, Place, Ticket, WaitQueue};
+pub use error::{LeaseError, Result};
 pub use fence::{FenceGate, StaleToken};
 pub use guard::{GuardConfig, LeaseGuard, LostReason};
-pub use holder::{MAX_HOLDER_BYTES, holder, set_holder, validate_holder};
-pub use key::{LeaseKey, MAX_KEY_BYTES, validate_namespace};
-pub use lease::{FencingToken, Lease, LeaseHandle, LeaseInfo, OwnerId, TryAcquire};
-pub use memory::{DEFAULT_NAMESPACE, MemoryProvider, MemoryStore};
+pub use holder::{holder, set_holder};
+pub use key::LeaseKey;
+pub use lease::{FencingToken, Lease, LeaseInfo, TryAcquire};
+pub use memory::{MemoryProvider, MemoryStore};
 pub use observe::Observed;
-pub use provider::{AcquireOptions, KeyWatch, LeaseProvider, MAX_BLIND_WAIT, SleepWatch, acquire};
+pub use provider::{AcquireOptions, LeaseProvider, acquire};
 pub use run::{LeaseContext, RunOptions, RunOutcome, end_after_min_hold, run_with_lease};
-pub use semaphore::{MAX_PERMITS, Permit, Semaphore};
-pub use session::{LeaseSession, SessionConfig, SessionLease, SessionStats, SessionStore};
-pub use time::{deadline_after, deadline_in};
-pub use tokio_util::sync::CancellationToken;
+pub use session::{LeaseSession, SessionConfig, SessionLease, SessionStats};

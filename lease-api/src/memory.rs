@@ -10,11 +10,11 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::backend::{KeyWatch, OwnerId, Place, Ticket, WaitQueue, validate_namespace};
 use crate::provider::NotifyWatch;
 use crate::{
-    Capabilities, ExpiryClock, FencingToken, KeyWatch, Lease, LeaseError, LeaseInfo, LeaseKey,
-    LeaseProvider, Notifications, OwnerId, Place, Result, Ticket, TokenDurability, TryAcquire,
-    WaitQueue, validate_namespace,
+    Capabilities, ExpiryClock, FencingToken, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider,
+    Notifications, Result, TokenDurability, TryAcquire,
 };
 
 /// The default namespace of every provider.

@@ -23,9 +23,9 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::backend::{KeyWatch, SessionStore};
 use crate::{
-    Capabilities, KeyWatch, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Result,
-    SessionStore, TryAcquire,
+    Capabilities, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Result, TryAcquire,
 };
 
 /// The outcome label of an error.
@@ -236,7 +236,7 @@ impl<P: LeaseProvider + ?Sized> LeaseProvider for Observed<P> {
         self.inner.flush(limit).await;
     }
 
-    fn wait_queue(&self) -> Option<&dyn crate::WaitQueue> {
+    fn wait_queue(&self) -> Option<&dyn crate::backend::WaitQueue> {
         self.inner.wait_queue()
     }
 

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use crate::{Capabilities, Lease, LeaseInfo, LeaseKey, Result, TryAcquire};
 
-/// One store's implementation of the lease contract (C1..C15).
+/// One store's implementation of the lease contract (C1..C17).
 ///
 /// The trait is object safe: build an `Arc<dyn LeaseProvider>` from configuration
 /// and hand it around. Every method is one atomic step in the store; the helpers
@@ -105,7 +105,10 @@ pub trait LeaseProvider: Send + Sync + fmt::Debug {
     ///
     /// # Errors
     /// The store's error setting the session up.
-    async fn session_store(&self, ttl: Duration) -> Result<Option<Arc<dyn crate::SessionStore>>> {
+    async fn session_store(
+        &self,
+        ttl: Duration,
+    ) -> Result<Option<Arc<dyn crate::backend::SessionStore>>> {
         let _ = ttl;
         Ok(None)
     }
@@ -121,7 +124,7 @@ pub trait LeaseProvider: Send + Sync + fmt::Debug {
     /// The store's queues of waiters, for fair waiting (C17): `Some` exactly
     /// when [`Capabilities::fair_waiting`](crate::Capabilities::fair_waiting)
     /// is declared. Default `None`.
-    fn wait_queue(&self) -> Option<&dyn crate::WaitQueue> {
+    fn wait_queue(&self) -> Option<&dyn crate::backend::WaitQueue> {
         None
     }
 }
@@ -352,7 +355,7 @@ where
     P: LeaseProvider + ?Sized + 'static,
 {
     // `Duration::MAX` (or any wait past the far future) means "wait forever".
-    let deadline = crate::deadline_in(wait);
+    let deadline = crate::backend::deadline_in(wait);
     let mut backoff = Duration::from_millis(50);
     let mut watch_retry = WATCH_RETRY_MIN;
     loop {

@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::backend::MAX_KEY_BYTES;
 use crate::provider::{MAX_BLIND_WAIT, cancel_safe_try_acquire, watch_or_fallback};
-use crate::{Lease, LeaseError, LeaseKey, LeaseProvider, MAX_KEY_BYTES, Result, TryAcquire};
+use crate::{Lease, LeaseError, LeaseKey, LeaseProvider, Result, TryAcquire};
 
 /// The most permits a semaphore may have: each is a key, and a waiter
 /// watches every one.
@@ -34,7 +35,8 @@ pub const MAX_PERMITS: usize = 1024;
 /// # async fn main() -> lease_api::Result<()> {
 /// use std::sync::Arc;
 /// use std::time::Duration;
-/// use lease_api::{MemoryProvider, Semaphore};
+/// use lease_api::MemoryProvider;
+/// use lease_api::recipes::Semaphore;
 ///
 /// let provider = Arc::new(MemoryProvider::new());
 /// let pool = Semaphore::new(provider, "export-slots", 2)?;
@@ -174,7 +176,7 @@ impl Semaphore {
     /// unavailable past the wait.
     pub async fn acquire(&self, ttl: Duration, wait: Duration) -> Result<Option<Permit>> {
         self.provider.capabilities().grant_ttl(ttl)?;
-        let deadline = crate::deadline_in(wait);
+        let deadline = crate::backend::deadline_in(wait);
         let mut backoff = Duration::from_millis(50);
         let mut watch_retry = Duration::from_millis(100);
         loop {

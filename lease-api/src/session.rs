@@ -12,10 +12,11 @@ use tokio::sync::Notify;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
+use crate::backend::{KeyWatch, deadline_after};
 use crate::guard::{Shared, lock};
 use crate::{
-    AcquireOptions, Capabilities, FencingToken, KeyWatch, Lease, LeaseError, LeaseInfo, LeaseKey,
-    LeaseProvider, LostReason, Result, TryAcquire, acquire, deadline_after,
+    AcquireOptions, Capabilities, FencingToken, Lease, LeaseError, LeaseInfo, LeaseKey,
+    LeaseProvider, LostReason, Result, TryAcquire, acquire,
 };
 
 /// The store side of a [`LeaseSession`], for backend authors.

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use lease_api::{AcquireOptions, LeaseKey, LeaseProvider, MemoryProvider, Semaphore, acquire};
+use lease_api::recipes::Semaphore;
+use lease_api::{AcquireOptions, LeaseKey, LeaseProvider, MemoryProvider, acquire};
 
 #[tokio::test]
 async fn an_acquire_dropped_after_it_won_releases_the_lease() {

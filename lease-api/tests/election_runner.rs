@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lease_api::{Callbacks, CancellationToken, Election, MemoryProvider};
+use lease_api::MemoryProvider;
+use lease_api::recipes::{Callbacks, Election};
+use tokio_util::sync::CancellationToken;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runners_take_turns_and_hear_every_leader() {

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lease_api::backend::{DEFAULT_MAX_TTL, KeyWatch};
 use lease_api::*;
 use tokio::time::{Instant, sleep};
 

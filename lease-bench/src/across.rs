@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lease::{LeaseProvider, Result as LeaseResult, Store};
+use leases::{LeaseProvider, Result as LeaseResult, Store};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use lease::lease_postgres::{
+use leases::lease_postgres::{
     AdvisoryProvider, JobQueue, OnceClaims, PostgresConfig, PostgresProvider, QueueConfig,
 };
-use lease::{LeaseKey, LeaseProvider};
+use leases::{LeaseKey, LeaseProvider};
 use serde::Serialize;
 use sqlx::postgres::PgPoolOptions;
 use tokio::time::Instant;
@@ -160,7 +160,7 @@ async fn queue_run(
                     let claim = queue.claim_next(batch).await?;
                     statements.fetch_add(1, Ordering::Relaxed);
                     if claim.is_empty() {
-                        return Ok::<_, lease::LeaseError>(());
+                        return Ok::<_, leases::LeaseError>(());
                     }
                     let outcome = queue.complete(&claim, claim.ids()).await?;
                     statements.fetch_add(1, Ordering::Relaxed);

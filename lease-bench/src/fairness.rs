@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use lease::{AcquireOptions, LeaseKey, LeaseProvider, Store, acquire};
+use leases::{AcquireOptions, LeaseKey, LeaseProvider, Store, acquire};
 use serde::Serialize;
 
 use crate::Counting;

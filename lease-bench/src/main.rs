@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use clap::Parser;
-use lease::{
+use leases::{
     AcquireOptions, Capabilities, Lease, LeaseGuard, LeaseInfo, LeaseKey, LeaseProvider,
     Result as LeaseResult, Store, TryAcquire, acquire,
 };
@@ -241,7 +241,7 @@ impl LeaseProvider for Counting {
     async fn inspect(&self, key: &LeaseKey) -> LeaseResult<Option<LeaseInfo>> {
         self.inner.inspect(key).await
     }
-    async fn watch(&self, key: &LeaseKey) -> LeaseResult<Box<dyn lease::KeyWatch>> {
+    async fn watch(&self, key: &LeaseKey) -> LeaseResult<Box<dyn leases::backend::KeyWatch>> {
         self.inner.watch(key).await
     }
     async fn extend_many(&self, leases: &[Lease]) -> LeaseResult<Vec<LeaseResult<Lease>>> {
@@ -254,10 +254,10 @@ impl LeaseProvider for Counting {
     async fn session_store(
         &self,
         ttl: Duration,
-    ) -> LeaseResult<Option<Arc<dyn lease::SessionStore>>> {
+    ) -> LeaseResult<Option<Arc<dyn leases::backend::SessionStore>>> {
         self.inner.session_store(ttl).await
     }
-    fn wait_queue(&self) -> Option<&dyn lease::WaitQueue> {
+    fn wait_queue(&self) -> Option<&dyn leases::backend::WaitQueue> {
         self.inner.wait_queue()
     }
 }
@@ -337,7 +337,7 @@ async fn bench_backend(
 ) -> LeaseResult<BackendResult> {
     let store = Store::parse(&store_url(name))?;
     let ns = format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-    let memory = lease::MemoryStore::new();
+    let memory = leases::MemoryStore::new();
     let build = || -> LeaseResult<Arc<dyn LeaseProvider>> {
         if store == Store::Memory {
             Ok(Arc::new(memory.provider(&ns)?))
@@ -373,7 +373,7 @@ async fn bench_backend(
             .try_acquire(&k, ttl)
             .await?
             .into_lease()
-            .ok_or_else(|| lease::LeaseError::protocol("held"))?;
+            .ok_or_else(|| leases::LeaseError::protocol("held"))?;
         let t1 = Instant::now();
         let lease = p.extend(&lease, ttl).await?;
         let t2 = Instant::now();
@@ -457,7 +457,7 @@ async fn bench_backend(
             .try_acquire(&hk, ttl)
             .await?
             .into_lease()
-            .ok_or_else(|| lease::LeaseError::protocol("held"))?;
+            .ok_or_else(|| leases::LeaseError::protocol("held"))?;
         let (w, k) = (Arc::clone(&waiter_p), hk.clone());
         let waiter = tokio::spawn(async move {
             let got = acquire(
@@ -473,8 +473,8 @@ async fn bench_backend(
         p.release(&held).await?;
         let (t1, got) = waiter
             .await
-            .map_err(|e| lease::LeaseError::protocol(e.to_string()))?;
-        let lease = got?.ok_or_else(|| lease::LeaseError::protocol("waiter gave up"))?;
+            .map_err(|e| leases::LeaseError::protocol(e.to_string()))?;
+        let lease = got?.ok_or_else(|| leases::LeaseError::protocol("waiter gave up"))?;
         hand.push(t1 - t0);
         waiter_p.release(&lease).await?;
     }
@@ -561,7 +561,7 @@ async fn round_trips(name: &str, ns: &str, ttl: Duration, n: usize) -> LeaseResu
             p.try_acquire(k, ttl)
                 .await?
                 .into_lease()
-                .ok_or_else(|| lease::LeaseError::protocol("held"))?,
+                .ok_or_else(|| leases::LeaseError::protocol("held"))?,
         );
     }
     let acquire = per_op(t);

@@ -8,10 +8,10 @@ use async_trait::async_trait;
 use distributed_lock_core::{DistributedLock, LockHandle, LockProvider};
 use distributed_lock_postgres::PostgresLockProvider;
 use distributed_lock_postgres::handle::PostgresLockHandle;
-use lease::LeaseError;
+use leases::LeaseError;
 use tokio::time::Instant;
 
-use lease::Result;
+use leases::Result;
 
 use crate::raw::{Peer, err, handoff_rounds};
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
-use lease::{LeaseError, Result, Store};
+use leases::{LeaseError, Result, Store};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use lease::{LeaseKey, LeaseProvider, LeaseSession, Result as LeaseResult, SessionConfig, Store};
+use leases::{LeaseKey, LeaseProvider, LeaseSession, Result as LeaseResult, SessionConfig, Store};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
@@ -50,7 +50,7 @@ pub async fn run(
     let store = Store::parse(url)?;
     let ns = format!("sess-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
     let p: Arc<dyn LeaseProvider> = if store == Store::Memory {
-        Arc::new(lease::MemoryProvider::new())
+        Arc::new(leases::MemoryProvider::new())
     } else {
         store.build(&ns, Duration::from_secs(2), Duration::from_secs(5))?
     };

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use lease::{StoreConfig, TokenDurability};
+use leases::{StoreConfig, TokenDurability};
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::{Pid, getpgid};
 use rand::rngs::StdRng;
@@ -520,8 +520,8 @@ async fn run_inner(
     args.faults.retain(|f| *f != FaultKind::None);
     args.faults.sort();
     args.faults.dedup();
-    let parsed = lease::Store::parse(&store).map_err(|e| e.to_string())?;
-    if matches!(parsed, lease::Store::Memory) {
+    let parsed = leases::Store::parse(&store).map_err(|e| e.to_string())?;
+    if matches!(parsed, leases::Store::Memory) {
         return Err(
             "memory:// lives inside one process and cannot coordinate worker \
                     processes; point --store at a real store"
@@ -539,7 +539,7 @@ async fn run_inner(
                 return Err(format!(
                     "{} needs a store reached over the network; {} has no host",
                     f.name(),
-                    lease::redact(&store)
+                    leases::redact(&store)
                 ));
             }
             FaultKind::Minority if nodes < 3 => {
@@ -968,7 +968,7 @@ async fn run_inner(
     }
     let report = Report {
         backend: caps.backend.to_string(),
-        store: lease::redact(&store),
+        store: leases::redact(&store),
         cell: if names.is_empty() {
             "none".into()
         } else {
@@ -1017,7 +1017,7 @@ fn worker_logs(dir: &std::path::Path) -> Vec<PathBuf> {
 /// Sorts what the checker counted into violations and declared behaviour.
 fn judge(
     counts: &Counts,
-    caps: &lease::Capabilities,
+    caps: &leases::Capabilities,
     injected: &BTreeMap<String, u64>,
     fenced: bool,
 ) -> (Vec<String>, Vec<String>) {
@@ -1032,7 +1032,7 @@ fn judge(
         && caps
             .failover
             .as_ref()
-            .is_some_and(|f| matches!(f.tokens, lease::FailoverTokens::MayRepeat(_)));
+            .is_some_and(|f| matches!(f.tokens, leases::FailoverTokens::MayRepeat(_)));
     let wiped_or_reissued = wiped || reissued;
     let mut found = Vec::new();
     if counts.grants == 0 {
@@ -1212,22 +1212,22 @@ mod tests {
         };
         let injected: BTreeMap<String, u64> = [("leader-pause".to_string(), 1)].into();
         let caps = |tokens| {
-            lease::Capabilities::new(
+            leases::Capabilities::new(
                 "x",
-                lease::ExpiryClock::StoreServer,
-                lease::Notifications::TimedRetryOnly,
+                leases::ExpiryClock::StoreServer,
+                leases::Notifications::TimedRetryOnly,
             )
-            .with_failover(Some(lease::Failover::new(
+            .with_failover(Some(leases::Failover::new(
                 tokens,
                 true,
                 std::time::Duration::from_secs(5),
             )))
         };
-        let may = caps(lease::FailoverTokens::MayRepeat("m".into()));
+        let may = caps(leases::FailoverTokens::MayRepeat("m".into()));
         let (violations, declared) = judge(&counts, &may, &injected, true);
         assert!(violations.is_empty(), "{violations:?}");
         assert_eq!(declared.len(), 1, "{declared:?}");
-        let inc = caps(lease::FailoverTokens::Increasing("i".into()));
+        let inc = caps(leases::FailoverTokens::Increasing("i".into()));
         let (violations, _) = judge(&counts, &inc, &injected, true);
         assert_eq!(violations.len(), 1, "{violations:?}");
         let (violations, _) = judge(&counts, &may, &BTreeMap::new(), true);

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use lease::{AcquireOptions, Lease, LeaseGuard, LeaseKey, LeaseProvider, StoreConfig, acquire};
+use leases::{AcquireOptions, Lease, LeaseGuard, LeaseKey, LeaseProvider, StoreConfig, acquire};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};

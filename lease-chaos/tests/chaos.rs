@@ -288,8 +288,8 @@ async fn impossible_cells_are_refused_up_front() {
     .expect_err("one node has no minority");
     assert!(e.contains("3 nodes"), "{e}");
     // Nothing was frozen or left running: the store still answers.
-    let p = lease::connect(&redis_url()).expect("provider");
-    let key = lease::LeaseKey::new("chaos-after-refusals").expect("key");
+    let p = leases::connect(&redis_url()).expect("provider");
+    let key = leases::LeaseKey::new("chaos-after-refusals").expect("key");
     assert!(
         p.inspect(&key).await.is_ok(),
         "the store answers after the refusals"

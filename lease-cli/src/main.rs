@@ -23,11 +23,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use lease::{
+use lease_conformance::ProviderFactory;
+use leases::{
     AcquireOptions, GuardConfig, LeaseError, LeaseGuard, LeaseKey, LeaseProvider, Store,
     StoreConfig, acquire, end_after_min_hold, parse_duration,
 };
-use lease_conformance::ProviderFactory;
 
 const EXIT_USAGE: u8 = 64;
 const EXIT_UNAVAILABLE: u8 = 69;
@@ -265,17 +265,17 @@ struct HeldLease {
     owner: String,
     /// The backend's handle as `acquire` printed it (`none`, `etcd:<id>`, `zk:<version>`).
     #[arg(long, env = "LEASE_HANDLE", default_value = "none")]
-    handle: lease::LeaseHandle,
+    handle: leases::backend::LeaseHandle,
 }
 
 impl HeldLease {
-    fn lease(&self, ttl: Duration) -> Result<lease::Lease, LeaseError> {
-        let owner = lease::OwnerId::from_hex(&self.owner).ok_or_else(|| {
+    fn lease(&self, ttl: Duration) -> Result<leases::Lease, LeaseError> {
+        let owner = leases::backend::OwnerId::from_hex(&self.owner).ok_or_else(|| {
             LeaseError::Config(format!("owner {:?} is not 32 hex digits", self.owner))
         })?;
-        Ok(lease::Lease::new(
+        Ok(leases::Lease::new(
             LeaseKey::new(self.key.as_str())?,
-            lease::FencingToken(self.token),
+            leases::FencingToken(self.token),
             owner,
             ttl,
             tokio::time::Instant::now(),
@@ -418,7 +418,7 @@ fn default_store() -> Result<String, LeaseError> {
             .ok_or_else(|| {
                 LeaseError::Config(format!(
                     "no store given, and neither XDG_STATE_HOME nor HOME says where to keep the default SQLite database; use --store URL, LEASE_STORE, or --config FILE ({})",
-                    lease::URL_FORMS
+                    leases::URL_FORMS
                 ))
             })?;
         state.join("lease")
@@ -515,7 +515,7 @@ async fn async_main(cli: Cli) -> ExitCode {
         Err(e) => return fail(EXIT_USAGE, describe(&e)),
     };
     if let Some(label) = &cli.holder
-        && let Err(e) = lease::set_holder(label)
+        && let Err(e) = leases::set_holder(label)
     {
         return fail(
             EXIT_USAGE,
@@ -576,7 +576,7 @@ fn shared_store(config: &StoreConfig) -> Result<Arc<dyn LeaseProvider>, LeaseErr
 
 /// The once-per-slot claims of the configured PostgreSQL store, in its
 /// namespace (and in the lease table's schema).
-fn once_claims(config: &StoreConfig) -> Result<lease::lease_postgres::OnceClaims, LeaseError> {
+fn once_claims(config: &StoreConfig) -> Result<leases::lease_postgres::OnceClaims, LeaseError> {
     let Store::Postgres {
         url, schema, table, ..
     } = config.parsed()?
@@ -586,27 +586,27 @@ fn once_claims(config: &StoreConfig) -> Result<lease::lease_postgres::OnceClaims
             config.parsed()?.kind()
         )));
     };
-    let provider = lease::lease_postgres::PostgresProvider::new(
-        lease::lease_postgres::PostgresConfig::new(url)
+    let provider = leases::lease_postgres::PostgresProvider::new(
+        leases::lease_postgres::PostgresConfig::new(url)
             .namespace(&config.namespace)
             .table(&schema, table)
             .timeouts(config.connect_timeout, config.request_timeout),
     )?;
-    lease::lease_postgres::OnceClaims::in_table(
+    leases::lease_postgres::OnceClaims::in_table(
         &provider,
         &schema,
-        lease::lease_postgres::CLAIMS_TABLE,
+        leases::lease_postgres::CLAIMS_TABLE,
     )
 }
 
 /// Claims `slot` of `key` once the lease is held: `Err` with the exit code
 /// and message when another run has it (or the claim failed).
 async fn claim_slot(
-    claims: &lease::lease_postgres::OnceClaims,
+    claims: &leases::lease_postgres::OnceClaims,
     key: &LeaseKey,
     slot: &str,
     keep: Option<Duration>,
-) -> Result<lease::lease_postgres::OnceClaim, (u8, String)> {
+) -> Result<leases::lease_postgres::OnceClaim, (u8, String)> {
     match claims.claim_once(key.as_str(), slot, keep).await {
         Ok(Some(claim)) => Ok(claim),
         Ok(None) => {
@@ -832,7 +832,7 @@ async fn held_by(provider: &dyn LeaseProvider, key: &LeaseKey) -> String {
     }
 }
 
-fn print_lease(lease: &lease::Lease, json: bool) {
+fn print_lease(lease: &leases::Lease, json: bool) {
     if json {
         println!(
             "{}",
@@ -1024,7 +1024,7 @@ fn round_ms(d: Duration) -> Duration {
 struct ConfiguredFactory {
     store: Store,
     config: StoreConfig,
-    memory: lease::MemoryStore,
+    memory: leases::MemoryStore,
     /// This run's own segment: every case namespace is `<ns>.<run>.<case ns>`,
     /// so one purge of `<ns>.<run>.` at the end removes all of it, and
     /// concurrent runs in one namespace never touch each other's records.
@@ -1066,7 +1066,7 @@ impl ProviderFactory for ConfiguredFactory {
 
     async fn unreachable(&self) -> Result<Arc<dyn LeaseProvider>, LeaseError> {
         if self.store == Store::Memory {
-            let down = lease::MemoryStore::new();
+            let down = leases::MemoryStore::new();
             down.set_down(true);
             return Ok(Arc::new(down.provider("unreachable")?));
         }
@@ -1079,7 +1079,7 @@ impl ProviderFactory for ConfiguredFactory {
     }
 }
 
-fn capabilities_json(c: &lease::Capabilities) -> serde_json::Value {
+fn capabilities_json(c: &leases::Capabilities) -> serde_json::Value {
     let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     serde_json::json!({
         "backend": c.backend,
@@ -1108,8 +1108,8 @@ async fn conformance(config: &StoreConfig, json: bool) -> ExitCode {
     let factory = Arc::new(ConfiguredFactory {
         store: store.clone(),
         config: config.clone(),
-        memory: lease::MemoryStore::new(),
-        run: format!("run-{}", &lease::OwnerId::random().to_hex()[..12]),
+        memory: leases::MemoryStore::new(),
+        run: format!("run-{}", &leases::backend::OwnerId::random().to_hex()[..12]),
     });
     // A store that cannot be reached fails at once, not as 36 failed cases.
     let probe = match factory.provider("probe").await {

@@ -1555,7 +1555,7 @@ fn kill_9_of_a_fair_waiter_frees_its_place_within_the_ticket_ttl() {
     drop(go);
     let released = Instant::now();
     assert_eq!(wait_exit(&mut holder, Duration::from_secs(30)), Some(0));
-    let bound = lease::MAX_TICKET_TTL + Duration::from_secs(10);
+    let bound = leases::backend::MAX_TICKET_TTL + Duration::from_secs(10);
     assert_eq!(
         wait_exit(&mut behind, bound),
         Some(0),

@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lease_api::backend::{KeyWatch, SessionStore};
 use lease_api::{
-    Capabilities, KeyWatch, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Result,
-    SessionStore, TryAcquire,
+    Capabilities, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Result, TryAcquire,
 };
 
 /// Wraps a provider and, while [`cut`](Self::cut), fails every call with
@@ -140,41 +140,49 @@ impl LeaseProvider for Partition {
             }) as Arc<dyn SessionStore>
         }))
     }
-    fn wait_queue(&self) -> Option<&dyn lease_api::WaitQueue> {
+    fn wait_queue(&self) -> Option<&dyn lease_api::backend::WaitQueue> {
         self.inner
             .wait_queue()
-            .map(|_| self as &dyn lease_api::WaitQueue)
+            .map(|_| self as &dyn lease_api::backend::WaitQueue)
     }
 }
 
 /// The queue of waiters behind the partition: cut with the rest.
 #[async_trait]
 #[deny(clippy::missing_trait_methods)]
-impl lease_api::WaitQueue for Partition {
-    async fn join(&self, key: &LeaseKey, ttl: Duration, mark: u64) -> Result<lease_api::Ticket> {
+impl lease_api::backend::WaitQueue for Partition {
+    async fn join(
+        &self,
+        key: &LeaseKey,
+        ttl: Duration,
+        mark: u64,
+    ) -> Result<lease_api::backend::Ticket> {
         self.check()?;
         self.queue()?.join(key, ttl, mark).await
     }
-    async fn place(&self, ticket: &lease_api::Ticket) -> Result<lease_api::Place> {
+    async fn place(
+        &self,
+        ticket: &lease_api::backend::Ticket,
+    ) -> Result<lease_api::backend::Place> {
         self.check()?;
         self.queue()?.place(ticket).await
     }
-    async fn watch_ticket(&self, ahead: &lease_api::Ticket) -> Result<Box<dyn KeyWatch>> {
+    async fn watch_ticket(&self, ahead: &lease_api::backend::Ticket) -> Result<Box<dyn KeyWatch>> {
         self.check()?;
         self.queue()?.watch_ticket(ahead).await
     }
-    async fn refresh(&self, ticket: &lease_api::Ticket, ttl: Duration) -> Result<bool> {
+    async fn refresh(&self, ticket: &lease_api::backend::Ticket, ttl: Duration) -> Result<bool> {
         self.check()?;
         self.queue()?.refresh(ticket, ttl).await
     }
-    async fn leave(&self, ticket: &lease_api::Ticket) -> Result<()> {
+    async fn leave(&self, ticket: &lease_api::backend::Ticket) -> Result<()> {
         self.check()?;
         self.queue()?.leave(ticket).await
     }
 }
 
 impl Partition {
-    fn queue(&self) -> Result<&dyn lease_api::WaitQueue> {
+    fn queue(&self) -> Result<&dyn lease_api::backend::WaitQueue> {
         self.inner.wait_queue().ok_or_else(|| {
             LeaseError::Config("the provider behind the partition has no queue of waiters".into())
         })
@@ -257,7 +265,7 @@ impl LeaseProvider for Instrumented {
     async fn session_store(&self, ttl: Duration) -> Result<Option<Arc<dyn SessionStore>>> {
         self.inner.session_store(ttl).await
     }
-    fn wait_queue(&self) -> Option<&dyn lease_api::WaitQueue> {
+    fn wait_queue(&self) -> Option<&dyn lease_api::backend::WaitQueue> {
         self.inner.wait_queue()
     }
 }

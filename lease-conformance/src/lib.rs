@@ -1,7 +1,7 @@
 //! # lease-conformance: one suite that proves a provider keeps the lease contract
 //!
 //! Every `lease` backend runs these cases, and so can you against your own
-//! deployment: they are the contract's table of contents (clauses C1..C15, as
+//! deployment: they are the contract's table of contents (clauses C1..C17, as
 //! listed in the [`lease_api`] crate docs). Each case is a named entry of [`CASES`],
 //! with the clause it proves and one sentence on what it checks;
 //! the names are stable public API.

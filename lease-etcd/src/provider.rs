@@ -9,11 +9,14 @@ use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp,
     TxnOpResponse, TxnResponse, WatchStream,
 };
+use lease_api::backend::{
+    DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, KeyWatch, LeaseHandle, OwnerId, Place, SessionStore,
+    Ticket, WaitQueue, validate_namespace,
+};
 use lease_api::{
-    Capabilities, DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, ExpiryClock, Failover, FailoverExtension,
-    FailoverTokens, FencingToken, KeyWatch, Lease, LeaseError, LeaseHandle, LeaseInfo, LeaseKey,
-    LeaseProvider, Notifications, OwnerId, Place, Result, SessionStore, Ticket, TokenDurability,
-    TryAcquire, WaitQueue, validate_namespace,
+    Capabilities, ExpiryClock, Failover, FailoverExtension, FailoverTokens, FencingToken, Lease,
+    LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Notifications, Result, TokenDurability,
+    TryAcquire,
 };
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
@@ -175,7 +178,7 @@ const ELECTION_TIMEOUT_BOUND: Duration = Duration::from_secs(3);
 /// How long a background revoke is retried while etcd is unreachable: the
 /// longest a fair waiter's ticket lives unrefreshed, after which its lease
 /// has run out anyway.
-const REVOKE_RETRIES_FOR: Duration = lease_api::MAX_TICKET_TTL;
+const REVOKE_RETRIES_FOR: Duration = lease_api::backend::MAX_TICKET_TTL;
 
 fn status_unavailable(code: i32) -> bool {
     matches!(code, 1 | 2 | 4 | 10 | 14)
@@ -609,7 +612,7 @@ impl EtcdProvider {
         };
         self.seen_held().insert(
             self.etcd_key(key),
-            Instant::now() + remaining.unwrap_or(lease_api::MAX_BLIND_WAIT),
+            Instant::now() + remaining.unwrap_or(lease_api::backend::MAX_BLIND_WAIT),
         );
         Ok(TryAcquire::Held { remaining })
     }

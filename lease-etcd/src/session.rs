@@ -4,9 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lease_api::{
-    Lease, LeaseError, LeaseHandle, LeaseKey, LeaseProvider, Result, SessionStore, TryAcquire,
-};
+use lease_api::backend::{LeaseHandle, SessionStore};
+use lease_api::{Lease, LeaseError, LeaseKey, LeaseProvider, Result, TryAcquire};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 

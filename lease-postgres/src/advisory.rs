@@ -5,9 +5,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lease_api::backend::{DEFAULT_MAX_TTL, KeyWatch, OwnerId};
 use lease_api::{
-    Capabilities, DEFAULT_MAX_TTL, ExpiryClock, FencingToken, KeyWatch, Lease, LeaseError,
-    LeaseInfo, LeaseKey, LeaseProvider, Notifications, OwnerId, Result, TryAcquire,
+    Capabilities, ExpiryClock, FencingToken, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider,
+    Notifications, Result, TryAcquire,
 };
 use sqlx::postgres::PgConnection;
 use sqlx::{Connection, Postgres, Row, Transaction};

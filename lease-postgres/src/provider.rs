@@ -5,11 +5,14 @@ use std::time::Duration;
 use tokio_util::task::AbortOnDropHandle;
 
 use async_trait::async_trait;
+use lease_api::backend::{
+    DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, KeyWatch, OwnerId, Place, Ticket, WaitQueue,
+    validate_namespace,
+};
 use lease_api::backend::{ProbedCapabilities, WatchHub};
 use lease_api::{
-    Capabilities, DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, ExpiryClock, Failover, FailoverTokens,
-    FencingToken, KeyWatch, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Notifications,
-    OwnerId, Place, Result, Ticket, TokenDurability, TryAcquire, WaitQueue, validate_namespace,
+    Capabilities, ExpiryClock, Failover, FailoverTokens, FencingToken, Lease, LeaseError,
+    LeaseInfo, LeaseKey, LeaseProvider, Notifications, Result, TokenDurability, TryAcquire,
 };
 use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
 

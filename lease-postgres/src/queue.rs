@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use lease_api::{FencingToken, LeaseError, OwnerId, Result};
+use lease_api::backend::OwnerId;
+use lease_api::{FencingToken, LeaseError, Result};
 use sqlx::Row;
 use sqlx::postgres::{PgConnection, PgRow};
 use tokio::sync::OnceCell;
@@ -457,7 +458,7 @@ impl JobQueue {
             token: FencingToken(u64::try_from(token).unwrap_or(0)),
             ids,
             rows,
-            valid_until: lease_api::deadline_after(sent_at, visibility),
+            valid_until: lease_api::backend::deadline_after(sent_at, visibility),
         })
     }
 
@@ -573,7 +574,7 @@ impl JobQueue {
             .unzip();
         claim.ids = ids;
         claim.rows = rows;
-        claim.valid_until = lease_api::deadline_after(sent_at, visibility);
+        claim.valid_until = lease_api::backend::deadline_after(sent_at, visibility);
         Ok(outcome)
     }
 

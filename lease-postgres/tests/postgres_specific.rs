@@ -6,9 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use lease_api::{
-    AcquireOptions, LeaseError, LeaseKey, LeaseProvider, Place, Ticket, TokenDurability, acquire,
-};
+use lease_api::backend::{Place, Ticket};
+use lease_api::{AcquireOptions, LeaseError, LeaseKey, LeaseProvider, TokenDurability, acquire};
 use lease_postgres::{PostgresConfig, PostgresProvider};
 use lease_testkit::{OwnedProcess, owned_postgres, store_url};
 use lease_testkit::{unique, until_ok};

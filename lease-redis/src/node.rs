@@ -558,7 +558,7 @@ impl Node {
         // The tombstone only has to outlive the queued acquire it refuses,
         // which runs as soon as the server does.
         let keep = crate::single::millis(ttl.max(Duration::from_secs(60))).to_string();
-        let give_up = lease_api::deadline_in(CANCEL_RETRY_FOR);
+        let give_up = lease_api::backend::deadline_in(CANCEL_RETRY_FOR);
         let mut backoff = Duration::from_millis(100);
         loop {
             let keys = [lease_key, tombstone.as_str()];

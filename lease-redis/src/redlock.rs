@@ -8,10 +8,10 @@ use futures_util::StreamExt;
 use futures_util::future::join_all;
 use futures_util::stream::FuturesUnordered;
 use lease_api::backend::bounded;
+use lease_api::backend::{DEFAULT_NAMESPACE, KeyWatch, OwnerId, validate_namespace};
 use lease_api::{
-    Capabilities, DEFAULT_NAMESPACE, ExpiryClock, Failover, FailoverTokens, FencingToken, KeyWatch,
-    Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider, OwnerId, Result, TokenDurability,
-    TryAcquire, validate_namespace,
+    Capabilities, ExpiryClock, Failover, FailoverTokens, FencingToken, Lease, LeaseError,
+    LeaseInfo, LeaseKey, LeaseProvider, Result, TokenDurability, TryAcquire,
 };
 use redis::Value;
 use tokio::time::Instant;

@@ -4,9 +4,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use lease_api::backend::{Place, Ticket};
 use lease_api::{
-    AcquireOptions, LeaseError, LeaseKey, LeaseProvider, Place, Ticket, TokenDurability,
-    TryAcquire, acquire,
+    AcquireOptions, LeaseError, LeaseKey, LeaseProvider, TokenDurability, TryAcquire, acquire,
 };
 use lease_redis::{RedisConfig, RedisProvider, RedlockConfig, RedlockProvider};
 use lease_testkit::{OwnedProcess, owned_redis, owned_redis_with, store_url};

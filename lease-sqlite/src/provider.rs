@@ -8,10 +8,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lease_api::backend::NotifyWatch;
+use lease_api::backend::{
+    DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, KeyWatch, OwnerId, validate_namespace,
+};
 use lease_api::{
-    Capabilities, DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, ExpiryClock, FencingToken, KeyWatch, Lease,
-    LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Notifications, OwnerId, Result,
-    TokenDurability, TryAcquire, validate_namespace,
+    Capabilities, ExpiryClock, FencingToken, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider,
+    Notifications, Result, TokenDurability, TryAcquire,
 };
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use sqlx::sqlite::{

@@ -54,15 +54,32 @@ pub fn store_url(var: &str) -> String {
 /// # Panics
 /// If no port can be claimed and bound.
 pub fn free_port() -> u16 {
+    free_port_and(0)
+}
+
+/// Like [`free_port`], for a server that also binds `port + gap` (a Redis
+/// Cluster node's bus port is its port + 10000): both are claimed, and both
+/// lie below the ephemeral range.
+///
+/// # Panics
+/// If no such pair can be claimed and bound.
+pub fn free_port_and(gap: u16) -> u16 {
     let (low, high) = server_port_range();
+    let high = high.saturating_sub(gap);
+    assert!(
+        high > low,
+        "no room for ports {gap} apart below the ephemeral range"
+    );
     let dir = std::env::temp_dir().join("lease-testkit-ports");
     let _ = std::fs::create_dir_all(&dir);
     let span = u32::from(high - low);
+    let usable = |port: u16| {
+        claim_port(&dir.join(port.to_string())) && TcpListener::bind(("127.0.0.1", port)).is_ok()
+    };
     for _ in 0..10_000 {
         let offset = uuid::Uuid::new_v4().as_u128() % u128::from(span);
         let port = low + u16::try_from(offset).unwrap_or(0);
-        if claim_port(&dir.join(port.to_string())) && TcpListener::bind(("127.0.0.1", port)).is_ok()
-        {
+        if usable(port) && (gap == 0 || usable(port + gap)) {
             return port;
         }
     }
@@ -481,7 +498,12 @@ pub fn owned_redis_with(durable: bool, extra: &[&str]) -> OwnedProcess {
 
 /// A `redis-server` on a free port with its data in `dir`.
 pub(crate) fn redis_in(dir: TempDir, durable: bool, extra: &[&str]) -> OwnedProcess {
-    let port = free_port();
+    // A cluster node also listens on its bus port, port + 10000.
+    let port = if extra.contains(&"--cluster-enabled") {
+        free_port_and(10000)
+    } else {
+        free_port()
+    };
     let mut args: Vec<String> = [
         "--port",
         &port.to_string(),
@@ -1372,13 +1394,13 @@ pub async fn assert_line_empty<P: lease_api::LeaseProvider + ?Sized>(
             .join(
                 key,
                 Duration::from_secs(10),
-                lease_api::Ticket::random_mark(),
+                lease_api::backend::Ticket::random_mark(),
             )
             .await
             .expect("join");
         let place = queue.place(&probe).await.expect("place");
         queue.leave(&probe).await.expect("leave");
-        if place == lease_api::Place::First {
+        if place == lease_api::backend::Place::First {
             return;
         }
         assert!(

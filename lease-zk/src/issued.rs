@@ -18,7 +18,8 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 
-use lease_api::{FencingToken, Lease, LeaseKey, OwnerId};
+use lease_api::backend::OwnerId;
+use lease_api::{FencingToken, Lease, LeaseKey};
 use tokio::time::Instant;
 
 struct Entry {

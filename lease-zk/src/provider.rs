@@ -5,12 +5,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lease_api::backend::{
+    DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, KeyWatch, LeaseHandle, OwnerId, Place, SessionStore,
+    Ticket, WaitQueue, validate_namespace,
+};
 use lease_api::backend::{bounded, drift_margin};
 use lease_api::{
-    Capabilities, DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, ExpiryClock, Failover, FailoverTokens,
-    FencingToken, KeyWatch, Lease, LeaseError, LeaseHandle, LeaseInfo, LeaseKey, LeaseProvider,
-    Notifications, OwnerId, Place, Result, SessionStore, Ticket, TokenDurability, TryAcquire,
-    WaitQueue, validate_namespace,
+    Capabilities, ExpiryClock, Failover, FailoverTokens, FencingToken, Lease, LeaseError,
+    LeaseInfo, LeaseKey, LeaseProvider, Notifications, Result, TokenDurability, TryAcquire,
 };
 use tokio::time::Instant;
 use zookeeper_client::{
@@ -768,7 +770,7 @@ pub(crate) fn bounded_validity(lease: Lease, session: Duration) -> Lease {
     // thirds of its timeout without an answer: the server expires it at the
     // earliest a full timeout after it last heard from us.
     let session = session * 2 / 3;
-    let limit = lease_api::deadline_after(
+    let limit = lease_api::backend::deadline_after(
         lease.sent_at(),
         session.saturating_sub(drift_margin(session)),
     );

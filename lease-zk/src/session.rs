@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lease_api::{Lease, LeaseError, LeaseKey, LeaseProvider, Result, SessionStore, TryAcquire};
+use lease_api::backend::SessionStore;
+use lease_api::{Lease, LeaseError, LeaseKey, LeaseProvider, Result, TryAcquire};
 use tokio::time::Instant;
 use zookeeper_client::{Error as ZkError, MultiReadResult};
 

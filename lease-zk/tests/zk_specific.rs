@@ -3,9 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use lease_api::{
-    AcquireOptions, LeaseError, LeaseGuard, LeaseKey, LeaseProvider, Place, Ticket, acquire,
-};
+use lease_api::backend::{Place, Ticket};
+use lease_api::{AcquireOptions, LeaseError, LeaseGuard, LeaseKey, LeaseProvider, acquire};
 use lease_testkit::until_ok;
 use lease_testkit::{OwnedProcess, Proxy, owned_zk, owned_zk_with_max_session, store_url};
 use lease_zk::{ZkConfig, ZkProvider};

@@ -24,9 +24,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
+use lease_api::backend::MAX_KEY_BYTES;
 use lease_api::{
     AcquireOptions, FenceGate, GuardConfig, Lease, LeaseError, LeaseGuard, LeaseKey, LeaseProvider,
-    LostReason, MAX_KEY_BYTES, RunOptions, RunOutcome, TryAcquire, acquire, run_with_lease,
+    LostReason, RunOptions, RunOutcome, TryAcquire, acquire, run_with_lease,
 };
 use tokio::sync::Barrier;
 use tokio::time::{Instant, sleep, sleep_until};

@@ -83,17 +83,20 @@ pub(super) async fn forged_owner_touches_nothing(ctx: Ctx) -> CaseResult {
     let key = ctx.key("forged-owner")?;
     let ttl = long_ttl(&*p);
     let l = must_acquire(&*p, &key, ttl).await?;
-    let rebuilt_with = |owner: lease_api::OwnerId, token: lease_api::FencingToken| {
+    let rebuilt_with = |owner: lease_api::backend::OwnerId, token: lease_api::FencingToken| {
         lease_api::Lease::new(key.clone(), token, owner, ttl, Instant::now())
             .with_handle(l.handle())
             .with_holder(Arc::from("somebody else@elsewhere:1"))
     };
-    let rebuilt = |owner: lease_api::OwnerId| rebuilt_with(owner, l.token());
+    let rebuilt = |owner: lease_api::backend::OwnerId| rebuilt_with(owner, l.token());
     // Another owner with the holder's token, and the holder's owner with
     // another token: every mutating step compares both (C5).
     let wrong_token = lease_api::FencingToken(l.token().get().wrapping_add(1));
     for (what, forged) in [
-        ("another owner", rebuilt(lease_api::OwnerId::random())),
+        (
+            "another owner",
+            rebuilt(lease_api::backend::OwnerId::random()),
+        ),
         ("another token", rebuilt_with(l.owner(), wrong_token)),
     ] {
         match p.extend(&forged, ttl).await {

@@ -2,7 +2,8 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use lease_api::{Semaphore, Ticket};
+use lease_api::backend::Ticket;
+use lease_api::recipes::Semaphore;
 
 use super::*;
 
@@ -125,7 +126,7 @@ pub(super) async fn semaphore_permit_of_crashed_holder_returns(ctx: Ctx) -> Case
 /// notification, not the 30 s TTL).
 pub(super) async fn election_has_one_leader_and_followers_see_each_term(ctx: Ctx) -> CaseResult {
     use futures_util::StreamExt;
-    use lease_api::Election;
+    use lease_api::recipes::Election;
     const CAMPAIGNERS: usize = 3;
     const TERMS: usize = 2;
     let name = ctx.key("election")?;
@@ -261,7 +262,7 @@ async fn await_joined(
         let probe = queue.join(key, long_ttl(p), Ticket::random_mark()).await?;
         let place = queue.place(&probe).await;
         queue.leave(&probe).await?;
-        if let lease_api::Place::Behind { ahead, .. } = place?
+        if let lease_api::backend::Place::Behind { ahead, .. } = place?
             && !known.contains(&ahead.seq())
         {
             return Ok(ahead.seq());
@@ -441,7 +442,7 @@ pub(super) async fn fair_queue_skips_dead_and_departed_waiters(ctx: Ctx) -> Case
 /// to a follower once its lease ends, not before, and the resource's fence
 /// refuses the old leader's late write while it admits the new leader's.
 pub(super) async fn election_paused_leader_is_fenced(ctx: Ctx) -> CaseResult {
-    use lease_api::Election;
+    use lease_api::recipes::Election;
     let link = Partition::new(ctx.provider().await?);
     let follower = ctx.provider().await?;
     let name = ctx.key("election-fenced")?;

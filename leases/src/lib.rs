@@ -8,12 +8,12 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use lease::{LeaseKey, RunOptions, RunOutcome, run_with_lease};
+//! use leases::{LeaseKey, RunOptions, RunOutcome, run_with_lease};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> lease::Result<()> {
-//! // In production: lease::StoreConfig::from_env()?.build()?
-//! let provider = lease::connect("memory://")?;
+//! # async fn main() -> leases::Result<()> {
+//! // In production: leases::StoreConfig::from_env()?.build()?
+//! let provider = leases::connect("memory://")?;
 //! let key = LeaseKey::new("nightly-report")?;
 //! let outcome = run_with_lease(provider, &key, Duration::from_secs(30), RunOptions::default(), |ctx| async move {
 //!     format!("report written under token {}", ctx.token)

@@ -4,15 +4,15 @@
 //! before the next slot starts.
 //!
 //! ```sh
-//! cargo run -p lease --example cron_once                      # in-memory
-//! LEASE_STORE=postgres://u@host/db cargo run -p lease --example cron_once
+//! cargo run -p leases --example cron_once                      # in-memory
+//! LEASE_STORE=postgres://u@host/db cargo run -p leases --example cron_once
 //! ```
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lease::{LeaseKey, MemoryStore, RunOptions, RunOutcome, StoreConfig, run_with_lease};
+use leases::{LeaseKey, MemoryStore, RunOptions, RunOutcome, StoreConfig, run_with_lease};
 use tokio::time::Instant;
 
 const INSTANCES: usize = 4;
@@ -39,7 +39,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut tasks = Vec::new();
     for instance in 0..INSTANCES {
         // Each instance is its own process in real life: its own provider.
-        let provider: Arc<dyn lease::LeaseProvider> = if from_env {
+        let provider: Arc<dyn leases::LeaseProvider> = if from_env {
             config.build()?
         } else {
             Arc::new(memory.provider(&config.namespace)?)
@@ -77,7 +77,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     println!("slot {slot}: instance {instance} skips, the slot is taken");
                 }
             }
-            Ok::<_, lease::LeaseError>(())
+            Ok::<_, leases::LeaseError>(())
         }));
     }
     for t in tasks {

@@ -5,14 +5,14 @@
 //! of waiters (Redlock, SQLite, PostgreSQL's advisory mode) says so.
 //!
 //! ```sh
-//! cargo run -p lease --example fair_queue                      # in-memory
-//! LEASE_STORE=redis://127.0.0.1:6379 cargo run -p lease --example fair_queue
+//! cargo run -p leases --example fair_queue                      # in-memory
+//! LEASE_STORE=redis://127.0.0.1:6379 cargo run -p leases --example fair_queue
 //! ```
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lease::{AcquireOptions, LeaseKey, StoreConfig, TryAcquire, acquire};
+use leases::{AcquireOptions, LeaseKey, StoreConfig, TryAcquire, acquire};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -5,14 +5,14 @@
 //! next holder's fencing token is greater.
 //!
 //! ```sh
-//! LEASE_POSTGRES_URL=postgres://u@host/db cargo run -p lease --example pg_advisory
+//! LEASE_POSTGRES_URL=postgres://u@host/db cargo run -p leases --example pg_advisory
 //! ```
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lease::lease_postgres::{AdvisoryProvider, PostgresConfig};
-use lease::{LeaseGuard, LeaseKey, LeaseProvider};
+use leases::lease_postgres::{AdvisoryProvider, PostgresConfig};
+use leases::{LeaseGuard, LeaseKey, LeaseProvider};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -4,7 +4,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_api::{DEFAULT_NAMESPACE, LeaseError, LeaseProvider, MemoryProvider, Result};
+use lease_api::backend::DEFAULT_NAMESPACE;
+use lease_api::{LeaseError, LeaseProvider, MemoryProvider, Result};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// The store URL forms this crate understands.
@@ -531,7 +532,7 @@ impl Store {
         connect: Duration,
         request: Duration,
     ) -> Result<Arc<dyn LeaseProvider>> {
-        lease_api::validate_namespace(namespace)?;
+        lease_api::backend::validate_namespace(namespace)?;
         let _ = (connect, request);
         match self {
             Store::Memory => Ok(Arc::new(process_store().provider(namespace)?)),
@@ -700,14 +701,14 @@ fn feature_of(store: &Store) -> &'static str {
 /// build it in code.
 ///
 /// ```
-/// let config = lease::StoreConfig::from_toml_str(r#"
+/// let config = leases::StoreConfig::from_toml_str(r#"
 ///     store = "memory://"
 ///     namespace = "billing"
 ///     default_ttl = "30s"
 /// "#)?;
 /// let provider = config.build()?;
 /// assert_eq!(provider.namespace(), "billing");
-/// # Ok::<(), lease::LeaseError>(())
+/// # Ok::<(), leases::LeaseError>(())
 /// ```
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -901,9 +902,9 @@ impl StoreConfig {
 /// Builds a provider from a store URL with the default namespace and timeouts.
 ///
 /// ```
-/// let provider = lease::connect("memory://")?;
+/// let provider = leases::connect("memory://")?;
 /// assert_eq!(provider.capabilities().backend, "memory");
-/// # Ok::<(), lease::LeaseError>(())
+/// # Ok::<(), leases::LeaseError>(())
 /// ```
 ///
 /// # Errors

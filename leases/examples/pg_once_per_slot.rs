@@ -3,12 +3,12 @@
 //! others come (a lease would be free again once the winner finished).
 //!
 //! ```sh
-//! LEASE_POSTGRES_URL=postgres://u@host/db cargo run -p lease --example pg_once_per_slot
+//! LEASE_POSTGRES_URL=postgres://u@host/db cargo run -p leases --example pg_once_per_slot
 //! ```
 
 use std::time::Duration;
 
-use lease::lease_postgres::{OnceClaims, PostgresConfig, PostgresProvider};
+use leases::lease_postgres::{OnceClaims, PostgresConfig, PostgresProvider};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -31,7 +31,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                             "{slot}: instance {i} ran the report (token {})",
                             claim.token
                         );
-                        Ok::<_, lease::LeaseError>(1)
+                        Ok::<_, leases::LeaseError>(1)
                     }
                     None => Ok(0),
                 }

@@ -4,14 +4,14 @@
 //! after the visibility timeout and another worker does them.
 //!
 //! ```sh
-//! LEASE_POSTGRES_URL=postgres://u@host/db cargo run -p lease --example pg_job_queue
+//! LEASE_POSTGRES_URL=postgres://u@host/db cargo run -p leases --example pg_job_queue
 //! ```
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use lease::lease_postgres::{JobQueue, PostgresProvider, QueueConfig};
+use leases::lease_postgres::{JobQueue, PostgresProvider, QueueConfig};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -66,7 +66,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                         );
                     }
                 }
-                Ok::<_, lease::LeaseError>(())
+                Ok::<_, leases::LeaseError>(())
             })
         })
         .collect();

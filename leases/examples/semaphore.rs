@@ -3,15 +3,16 @@
 //! waits (woken by the store) for a slot to come free.
 //!
 //! ```sh
-//! cargo run -p lease --example semaphore                      # in-memory
-//! LEASE_STORE=postgres://u@host/db cargo run -p lease --example semaphore
+//! cargo run -p leases --example semaphore                      # in-memory
+//! LEASE_STORE=postgres://u@host/db cargo run -p leases --example semaphore
 //! ```
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use lease::{Semaphore, StoreConfig};
+use leases::StoreConfig;
+use leases::recipes::Semaphore;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -1,9 +1,9 @@
 //! The same worker code on any store: the store comes from configuration.
 //!
 //! ```sh
-//! cargo run -p lease --example swap_store                                   # in-memory
-//! LEASE_STORE=redis://127.0.0.1:6379 cargo run -p lease --example swap_store
-//! cargo run -p lease --example swap_store -- lease.toml                     # a TOML file
+//! cargo run -p leases --example swap_store                                   # in-memory
+//! LEASE_STORE=redis://127.0.0.1:6379 cargo run -p leases --example swap_store
+//! cargo run -p leases --example swap_store -- lease.toml                     # a TOML file
 //! ```
 //!
 //! A TOML file holds `store = "..."`, and optionally `namespace`,
@@ -12,7 +12,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lease::{LeaseKey, LeaseProvider, RunOptions, RunOutcome, StoreConfig, run_with_lease};
+use leases::{LeaseKey, LeaseProvider, RunOptions, RunOutcome, StoreConfig, run_with_lease};
 
 /// The worker knows nothing about the store: it gets a provider.
 async fn worker(
@@ -20,7 +20,7 @@ async fn worker(
     provider: Arc<dyn LeaseProvider>,
     done: Arc<Mutex<Vec<String>>>,
     ttl: Duration,
-) -> lease::Result<()> {
+) -> leases::Result<()> {
     for job in ["invoice-run", "ledger-close", "export"] {
         let key = LeaseKey::new(format!("swap-store-demo/{job}"))?;
         let options = RunOptions::default().wait(Duration::from_millis(50));
@@ -63,7 +63,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let provider = config.build()?;
     println!(
         "store {} ({}), namespace {:?}",
-        lease::redact(&config.store),
+        leases::redact(&config.store),
         provider.capabilities().backend,
         config.namespace,
     );
@@ -88,9 +88,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Durability is probed from the server on first use (Redis AOF settings,
     // PostgreSQL fsync), so it is read after the work, not before.
     let durable = match &provider.capabilities().durable_tokens {
-        lease::TokenDurability::Durable(why) => format!("yes ({why})"),
-        lease::TokenDurability::Volatile(why) => format!("no ({why})"),
-        lease::TokenDurability::Unknown(why) => format!("unknown ({why})"),
+        leases::TokenDurability::Durable(why) => format!("yes ({why})"),
+        leases::TokenDurability::Volatile(why) => format!("no ({why})"),
+        leases::TokenDurability::Unknown(why) => format!("unknown ({why})"),
         _ => "not declared".to_string(),
     };
     println!("tokens survive a store restart: {durable}");

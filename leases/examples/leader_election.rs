@@ -3,15 +3,17 @@
 //! store's notification). Every replica hears each change.
 //!
 //! ```sh
-//! cargo run -p lease --example leader_election                     # in-memory
-//! LEASE_STORE=redis://127.0.0.1:6379 cargo run -p lease --example leader_election
+//! cargo run -p leases --example leader_election                     # in-memory
+//! LEASE_STORE=redis://127.0.0.1:6379 cargo run -p leases --example leader_election
 //! ```
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use lease::{Callbacks, CancellationToken, Election, StoreConfig};
+use leases::StoreConfig;
+use leases::recipes::{Callbacks, Election};
+use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

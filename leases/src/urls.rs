@@ -9,7 +9,7 @@ use lease_api::{LeaseError, Result};
 ///
 /// ```
 /// assert_eq!(
-///     lease::redact("redis://app:s3cret@cache:6379/0"),
+///     leases::redact("redis://app:s3cret@cache:6379/0"),
 ///     "redis://app:***@cache:6379/0"
 /// );
 /// ```
