@@ -3,15 +3,15 @@
 
 pub use crate::caps::{DEFAULT_MAX_TTL, ProbedCapabilities};
 pub use crate::error::BoxError;
-pub use crate::fair::{MAX_TICKET_TTL, Place, Ticket, WaitQueue};
 pub use crate::holder::{MAX_HOLDER_BYTES, validate_holder};
 pub use crate::hub::WatchHub;
 pub use crate::key::{MAX_KEY_BYTES, validate_namespace, validate_purge_prefix};
 pub use crate::lease::{LeaseHandle, OwnerId, drift_margin};
 pub use crate::memory::DEFAULT_NAMESPACE;
-pub use crate::provider::{KeyWatch, MAX_BLIND_WAIT, NotifyWatch, SleepWatch};
-pub use crate::session::SessionStore;
+pub use crate::queue::{MAX_TICKET_TTL, Place, Ticket, WaitQueue};
+pub use crate::session_store::SessionStore;
 pub use crate::time::{deadline_after, deadline_in};
+pub use crate::watch::{KeyWatch, MAX_BLIND_WAIT, NotifyWatch, ReadyWatch, SleepWatch};
 
 use std::future::Future;
 use std::time::Duration;
@@ -60,14 +60,4 @@ pub fn is_tls_refusal(e: &(dyn std::error::Error + 'static)) -> bool {
         cur = err.source();
     }
     false
-}
-
-/// A watch that wakes at once: what [`WaitQueue::watch_ticket`]
-/// returns for a ticket that is gone already.
-#[derive(Debug)]
-pub struct ReadyWatch;
-
-#[async_trait::async_trait]
-impl KeyWatch for ReadyWatch {
-    async fn changed(&mut self, _max: Duration) {}
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use futures_util::Stream;
 
-use crate::provider::watch_or_fallback;
+use crate::wait::watch_or_fallback;
 use crate::{
     AcquireOptions, FencingToken, LeaseGuard, LeaseKey, LeaseProvider, LostReason, Result, acquire,
 };

@@ -7,7 +7,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::deadline_after;
+use crate::time::deadline_after;
 use crate::{FencingToken, Lease, LeaseError, LeaseKey, LeaseProvider, Result};
 
 /// How a [`LeaseGuard`] renews. Start from `GuardConfig::default()` and change
@@ -387,7 +387,7 @@ async fn renew_loop(
             LostReason::Expired(_) => "expired",
             LostReason::Closed => "closed",
         };
-        crate::observe::record_lost(backend, label);
+        crate::record::record_lost(backend, label);
         shared.fire(reason);
     };
     loop {
@@ -421,7 +421,7 @@ async fn renew_loop(
                 }
                 result = provider.extend(&current, current.ttl()) => match result {
                     Ok(renewed) => {
-                        crate::observe::record_renewal(backend, true);
+                        crate::record::record_renewal(backend, true);
                         *lock(&shared.lease) = renewed;
                         break;
                     }
@@ -430,7 +430,7 @@ async fn renew_loop(
                         return;
                     }
                     Err(e) => {
-                        crate::observe::record_renewal(backend, false);
+                        crate::record::record_renewal(backend, false);
                         tracing::warn!(key = %current.key(), error = %e, "lease renewal failed; retrying until local validity ends");
                         last_error = Some(e);
                         let retry_at = deadline_after(Instant::now(), timing.retry_every).min(deadline);

@@ -1,6 +1,6 @@
 //! Holder identity: who holds a lease, in words a person can act on.
 //!
-//! The owner id ([`OwnerId`](crate::backend::OwnerId)) is what the store compares; it is
+//! The owner id ([`OwnerId`](crate::lease::OwnerId)) is what the store compares; it is
 //! random and says nothing to an operator. Next to it every backend records a
 //! holder label, by default `user@host:pid` of the process, which
 //! [`inspect`](crate::LeaseProvider::inspect) returns in

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use tokio::sync::Notify;
 
-use crate::provider::NotifyWatch;
+use crate::watch::NotifyWatch;
 
 /// The waiters of one provider, by key.
 ///
@@ -82,7 +82,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::backend::KeyWatch;
+    use crate::watch::KeyWatch;
 
     #[tokio::test(start_paused = true)]
     async fn wakes_only_the_named_key_and_forgets_dropped_waiters() {

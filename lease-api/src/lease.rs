@@ -172,7 +172,7 @@ impl Lease {
         sent_at: Instant,
     ) -> Self {
         let valid_until =
-            crate::backend::deadline_after(sent_at, ttl.saturating_sub(drift_margin(ttl)));
+            crate::time::deadline_after(sent_at, ttl.saturating_sub(drift_margin(ttl)));
         Lease {
             key,
             token,
@@ -191,7 +191,7 @@ impl Lease {
         Lease {
             ttl,
             sent_at,
-            valid_until: crate::backend::deadline_after(
+            valid_until: crate::time::deadline_after(
                 sent_at,
                 ttl.saturating_sub(drift_margin(ttl)),
             ),

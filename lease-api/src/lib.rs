@@ -106,6 +106,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod acquire;
 pub mod backend;
 mod caps;
 mod election;
@@ -120,13 +121,19 @@ mod lease;
 mod memory;
 mod observe;
 mod provider;
+mod queue;
+mod record;
 mod run;
 mod semaphore;
 mod session;
+mod session_store;
 mod time;
+mod wait;
+mod watch;
 
 pub mod recipes;
 
+pub use acquire::{AcquireOptions, acquire};
 pub use caps::{
     Capabilities, ExpiryClock, Failover, FailoverExtension, FailoverTokens, Notifications,
     TokenDurability,
@@ -139,6 +146,6 @@ pub use key::LeaseKey;
 pub use lease::{FencingToken, Lease, LeaseInfo, TryAcquire};
 pub use memory::{MemoryProvider, MemoryStore};
 pub use observe::Observed;
-pub use provider::{AcquireOptions, LeaseProvider, acquire};
+pub use provider::LeaseProvider;
 pub use run::{LeaseContext, RunOptions, RunOutcome, end_after_min_hold, run_with_lease};
 pub use session::{LeaseSession, SessionConfig, SessionLease, SessionStats};

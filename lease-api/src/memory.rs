@@ -10,8 +10,11 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::backend::{KeyWatch, OwnerId, Place, Ticket, WaitQueue, validate_namespace};
-use crate::provider::NotifyWatch;
+use crate::key::validate_namespace;
+use crate::lease::OwnerId;
+use crate::queue::{Place, Ticket, WaitQueue};
+use crate::watch::KeyWatch;
+use crate::watch::NotifyWatch;
 use crate::{
     Capabilities, ExpiryClock, FencingToken, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider,
     Notifications, Result, TokenDurability, TryAcquire,
@@ -127,7 +130,7 @@ impl MemoryStore {
     /// # Errors
     /// `Config` for an empty prefix; `Unavailable` while the store is down.
     pub fn purge_namespaces(&self, prefix: &str) -> Result<u64> {
-        crate::backend::validate_purge_prefix(prefix)?;
+        crate::key::validate_purge_prefix(prefix)?;
         let mut state = self.lock()?;
         let before = state.entries.len();
         state.entries.retain(|(ns, _), e| {
@@ -446,7 +449,7 @@ impl WaitQueue for MemoryProvider {
             .map(|w| Arc::clone(&w.left));
         Ok(match left {
             Some(left) => Box::new(NotifyWatch::new(left)),
-            None => Box::new(crate::backend::ReadyWatch),
+            None => Box::new(crate::watch::ReadyWatch),
         })
     }
 

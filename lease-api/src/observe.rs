@@ -23,74 +23,11 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::backend::{KeyWatch, SessionStore};
-use crate::{
-    Capabilities, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Result, TryAcquire,
-};
+use crate::session_store::SessionStore;
+use crate::watch::KeyWatch;
+use crate::{Capabilities, Lease, LeaseInfo, LeaseKey, LeaseProvider, Result, TryAcquire};
 
-/// The outcome label of an error.
-pub(crate) fn error_outcome(e: &LeaseError) -> &'static str {
-    match e {
-        LeaseError::Lost { .. } => "lost",
-        LeaseError::NotHeld { .. } => "not_held",
-        LeaseError::Unavailable { .. } => "unavailable",
-        LeaseError::Timeout { .. } => "timeout",
-        LeaseError::Denied { .. } => "denied",
-        LeaseError::InvalidKey { .. } | LeaseError::InvalidTtl { .. } | LeaseError::Config(_) => {
-            "invalid"
-        }
-        _ => "error",
-    }
-}
-
-#[cfg(feature = "metrics")]
-mod m {
-    use super::Duration;
-
-    pub(crate) fn call(
-        backend: &'static str,
-        op: &'static str,
-        outcome: &'static str,
-        d: Duration,
-    ) {
-        metrics::histogram!("lease_store_call_seconds", "backend" => backend, "op" => op, "outcome" => outcome)
-            .record(d.as_secs_f64());
-    }
-    pub(crate) fn acquire(
-        backend: &'static str,
-        outcome: &'static str,
-        d: Duration,
-        waited: Duration,
-    ) {
-        metrics::histogram!("lease_acquire_seconds", "backend" => backend, "outcome" => outcome)
-            .record(d.as_secs_f64());
-        metrics::histogram!("lease_acquire_wait_seconds", "backend" => backend)
-            .record(waited.as_secs_f64());
-    }
-    pub(crate) fn renewal(backend: &'static str, ok: bool) {
-        if ok {
-            metrics::counter!("lease_renewals_total", "backend" => backend).increment(1);
-        } else {
-            metrics::counter!("lease_renewal_failures_total", "backend" => backend).increment(1);
-        }
-    }
-    pub(crate) fn lost(backend: &'static str, reason: &'static str) {
-        metrics::counter!("lease_lost_total", "backend" => backend, "reason" => reason)
-            .increment(1);
-    }
-}
-
-#[cfg(not(feature = "metrics"))]
-mod m {
-    use super::Duration;
-
-    pub(crate) fn call(_: &'static str, _: &'static str, _: &'static str, _: Duration) {}
-    pub(crate) fn acquire(_: &'static str, _: &'static str, _: Duration, _: Duration) {}
-    pub(crate) fn renewal(_: &'static str, _: bool) {}
-    pub(crate) fn lost(_: &'static str, _: &'static str) {}
-}
-
-pub(crate) use m::{acquire as record_acquire, lost as record_lost, renewal as record_renewal};
+use crate::record::{call as record_call, error_outcome};
 
 /// Wraps any provider so that every store call runs in a `lease.store`
 /// tracing span (fields: backend, op, key, token, outcome, elapsed) and, with
@@ -161,7 +98,7 @@ impl<P: LeaseProvider + ?Sized> Observed<P> {
                 "store call"
             );
         });
-        m::call(backend, op, outcome, elapsed);
+        record_call(backend, op, outcome, elapsed);
         result
     }
 }
@@ -236,7 +173,7 @@ impl<P: LeaseProvider + ?Sized> LeaseProvider for Observed<P> {
         self.inner.flush(limit).await;
     }
 
-    fn wait_queue(&self) -> Option<&dyn crate::backend::WaitQueue> {
+    fn wait_queue(&self) -> Option<&dyn crate::queue::WaitQueue> {
         self.inner.wait_queue()
     }
 

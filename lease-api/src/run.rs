@@ -164,7 +164,7 @@ pub async fn end_after_min_hold(
     min_hold: Duration,
 ) {
     let key = guard.key();
-    let hold_until = crate::backend::deadline_after(acquired_at, min_hold);
+    let hold_until = crate::time::deadline_after(acquired_at, min_hold);
     let now = Instant::now();
     if hold_until > now && provider.capabilities().holder_session.is_some() {
         // The lease ends with our session: stay and renew until the hold ends.

@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::MAX_KEY_BYTES;
-use crate::provider::{MAX_BLIND_WAIT, cancel_safe_try_acquire, watch_or_fallback};
+use crate::key::MAX_KEY_BYTES;
+use crate::wait::{cancel_safe_try_acquire, watch_or_fallback};
+use crate::watch::MAX_BLIND_WAIT;
 use crate::{Lease, LeaseError, LeaseKey, LeaseProvider, Result, TryAcquire};
 
 /// The most permits a semaphore may have: each is a key, and a waiter
@@ -176,7 +177,7 @@ impl Semaphore {
     /// unavailable past the wait.
     pub async fn acquire(&self, ttl: Duration, wait: Duration) -> Result<Option<Permit>> {
         self.provider.capabilities().grant_ttl(ttl)?;
-        let deadline = crate::backend::deadline_in(wait);
+        let deadline = crate::time::deadline_in(wait);
         let mut backoff = Duration::from_millis(50);
         let mut watch_retry = Duration::from_millis(100);
         loop {

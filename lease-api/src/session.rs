@@ -12,62 +12,14 @@ use tokio::sync::Notify;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{KeyWatch, deadline_after};
 use crate::guard::{Shared, lock};
+use crate::session_store::SessionStore;
+use crate::time::deadline_after;
+use crate::watch::KeyWatch;
 use crate::{
     AcquireOptions, Capabilities, FencingToken, Lease, LeaseError, LeaseInfo, LeaseKey,
     LeaseProvider, LostReason, Result, TryAcquire, acquire,
 };
-
-/// The store side of a [`LeaseSession`], for backend authors.
-///
-/// Most backends need none: the session then takes each key with
-/// [`LeaseProvider::try_acquire`] and renews with
-/// [`LeaseProvider::extend_many`]. A store with a session of its own returns
-/// one from [`LeaseProvider::session_store`]: etcd attaches every key to one
-/// etcd lease, ZooKeeper ties holder nodes to the client's session.
-#[async_trait]
-pub trait SessionStore: Send + Sync + fmt::Debug {
-    /// Takes `key` for the session, as [`LeaseProvider::try_acquire`] does.
-    async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire>;
-
-    /// Renews up to [`batch_limit`](Self::batch_limit) leases of the session
-    /// in one store round trip, each compared by owner and token in the store;
-    /// one answer per lease, in order. `Err` for the whole call means nothing
-    /// is known about any of them (the store did not answer).
-    async fn renew(&self, leases: &[Lease]) -> Result<Vec<Result<Lease>>>;
-
-    /// Releases one lease of the session; the others stay held.
-    async fn release(&self, lease: &Lease) -> Result<()>;
-
-    /// The most leases one [`renew`](Self::renew) call takes.
-    fn batch_limit(&self) -> usize;
-
-    /// Called once when the session closes, after its leases were released
-    /// (see [`close_releases_all`](Self::close_releases_all)): gives
-    /// store-side session state back (an etcd lease is revoked).
-    async fn close(&self) {}
-
-    /// True when the store ties every key of the session to one store-side
-    /// session (an etcd lease, a ZooKeeper session): when one lease runs out
-    /// of validity, the whole session is in doubt, and the loop fires every
-    /// lease and calls [`abandon`](Self::abandon).
-    fn tied_to_session(&self) -> bool {
-        false
-    }
-
-    /// Ends the store-side session after its leases were told they are lost,
-    /// so their keys do not outlive them: an etcd lease is revoked, a
-    /// ZooKeeper session closed. Later acquires start a new one.
-    async fn abandon(&self) {}
-
-    /// True when [`close`](Self::close) itself frees every key of the session
-    /// in one store call (revoking the etcd lease they are attached to deletes
-    /// them all), so closing skips releasing them one by one.
-    fn close_releases_all(&self) -> bool {
-        false
-    }
-}
 
 /// The session store of a backend without its own: each key by
 /// `try_acquire`, renewals by `extend_many`.
@@ -659,7 +611,7 @@ async fn renew_loop(inner: Arc<Inner>, config: SessionConfig) {
             let fire_at = t.fire_at(&lock(&shared.lease));
             if now >= fire_at {
                 let last = lock(&shared.last_error).take();
-                crate::observe::record_lost(backend, "expired");
+                crate::record::record_lost(backend, "expired");
                 inner.lost.fetch_add(1, Ordering::Relaxed);
                 shared.fire(LostReason::Expired(last.unwrap_or_else(|| {
                     "the store did not answer before local validity ended".to_string()
@@ -696,20 +648,20 @@ fn apply_renewal(
             for ((id, shared), result) in chunk.iter().zip(results) {
                 match result {
                     Ok(renewed) => {
-                        crate::observe::record_renewal(backend, true);
+                        crate::record::record_renewal(backend, true);
                         *lock(&shared.lease) = renewed;
                     }
                     // Not for a lease released meanwhile, which left the
                     // table first.
                     Err(e) if e.is_not_held() => {
                         if lock(&inner.leases).remove(id).is_some() {
-                            crate::observe::record_lost(backend, "revoked");
+                            crate::record::record_lost(backend, "revoked");
                             inner.lost.fetch_add(1, Ordering::Relaxed);
                             shared.fire(LostReason::Revoked);
                         }
                     }
                     Err(e) => {
-                        crate::observe::record_renewal(backend, false);
+                        crate::record::record_renewal(backend, false);
                         *lock(failed) = true;
                         lock(&shared.last_error).replace(e.to_string());
                     }
@@ -725,7 +677,7 @@ fn apply_renewal(
             );
         }
         Err(e) => {
-            crate::observe::record_renewal(backend, false);
+            crate::record::record_renewal(backend, false);
             tracing::warn!(leases = chunk.len(), error = %e, "session renewal failed; retrying until local validity ends");
             *lock(failed) = true;
             let text = e.to_string();
@@ -744,7 +696,7 @@ fn apply_renewal(
 async fn abandon(inner: &Inner, backend: &'static str) {
     let rest: Vec<Arc<Shared>> = lock(&inner.leases).drain().map(|(_, s)| s).collect();
     for shared in rest {
-        crate::observe::record_lost(backend, "expired");
+        crate::record::record_lost(backend, "expired");
         inner.lost.fetch_add(1, Ordering::Relaxed);
         shared.fire(LostReason::Expired(
             "the store session was abandoned after another of its leases ran out of validity"

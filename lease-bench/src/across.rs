@@ -12,11 +12,9 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::Contention;
-use crate::raw::err;
+use crate::common::err;
 
-/// The environment variable that hands the parent's SQLite and lock-file
-/// directory to its children.
-pub const DIR_ENV: &str = "LEASE_BENCH_SQLITE_DIR";
+pub use crate::common::DIR_ENV;
 
 /// What one child process runs.
 #[derive(Debug, Serialize, Deserialize)]
@@ -91,7 +89,7 @@ pub async fn contention(
             .arg(serde_json::to_string(&spec).map_err(err)?)
             .arg("--child-json")
             .arg(&json)
-            .env(DIR_ENV, crate::raw::sqlite_dir())
+            .env(DIR_ENV, crate::common::sqlite_dir())
             .kill_on_drop(true)
             .spawn()
             .map_err(err)?;
@@ -164,7 +162,7 @@ pub async fn child(spec: &Spec) -> LeaseResult<Counted> {
 }
 
 fn lock_path(spec: &Spec, task: usize) -> PathBuf {
-    crate::raw::sqlite_dir().join(format!(
+    crate::common::sqlite_dir().join(format!(
         "{}-{}-{}.lock",
         spec.namespace,
         spec.prefix,

@@ -6,6 +6,7 @@
 
 mod across;
 mod claims;
+mod common;
 mod fairness;
 #[cfg(feature = "peers")]
 mod peers;

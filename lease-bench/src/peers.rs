@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use leases::Result;
 
-use crate::raw::{Peer, err, handoff_rounds};
+use crate::common::{Peer, err, handoff_rounds};
 
 const PEER_TTL: Duration = Duration::from_secs(30);
 

@@ -10,9 +10,7 @@ use leases::{LeaseError, Result, Store};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
-pub(crate) fn err(e: impl std::fmt::Display) -> LeaseError {
-    LeaseError::protocol(e.to_string())
-}
+pub(crate) use crate::common::{Peer, err, handoff_rounds, sqlite_dir};
 
 #[async_trait]
 pub trait Raw: Send {
@@ -26,35 +24,6 @@ pub trait Raw: Send {
     async fn handoff(&mut self, _key: &str, _rounds: usize) -> Result<Option<Vec<Duration>>> {
         Ok(None)
     }
-}
-
-/// Measures `rounds` handoffs: `$hold` takes the key, `$waiter()` (spawned)
-/// waits for it and returns when it holds it, `$release` frees it at t0.
-macro_rules! handoff_rounds {
-    ($rounds:expr, $hold:block, $waiter:expr, $release:block) => {{
-        let mut out = Vec::new();
-        for _ in 0..$rounds {
-            $hold;
-            let task = tokio::spawn($waiter());
-            tokio::time::sleep(Duration::from_millis(30)).await;
-            let t0 = Instant::now();
-            $release;
-            out.push(task.await.map_err(err)?? - t0);
-        }
-        out
-    }};
-}
-#[cfg_attr(not(feature = "peers"), allow(unused_imports))]
-pub(crate) use handoff_rounds;
-
-#[async_trait]
-pub trait Peer: Send {
-    fn name(&self) -> &'static str;
-    async fn lock(&mut self, key: &str) -> Result<()>;
-    async fn unlock(&mut self, key: &str) -> Result<()>;
-    /// Rounds of: hold, a second client blocks waiting, release at t0, the
-    /// waiter holds at t1; returns t1 - t0 per round.
-    async fn handoff(&mut self, key: &str, rounds: usize) -> Result<Vec<Duration>>;
 }
 
 fn ms(d: Duration) -> u64 {
@@ -647,23 +616,6 @@ async fn zk_dir(client: &zk::Client, dir: &str) -> Result<()> {
 }
 
 // ---------- SQLite: flock(2), the one-host floor ----------
-
-/// This process's directory for the SQLite benchmark database and the
-/// flock files (under the system temporary directory), or its parent's when
-/// it is one of the across-processes contenders.
-pub fn sqlite_dir() -> std::path::PathBuf {
-    static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = std::env::var_os(crate::across::DIR_ENV).map_or_else(
-            || std::env::temp_dir().join(format!("lease-bench-sqlite-{}", std::process::id())),
-            std::path::PathBuf::from,
-        );
-        // A failure shows up as the store's own error on first use.
-        let _ = std::fs::create_dir_all(&dir);
-        dir
-    })
-    .clone()
-}
 
 /// What `flock(1)` does, without its process start: an exclusive `flock(2)` on
 /// a lock file per key. No TTL, no token, no lost signal: the floor a

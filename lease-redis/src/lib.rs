@@ -141,6 +141,7 @@ mod redlock;
 mod scripts;
 mod sentinel;
 mod single;
+mod time;
 
 pub use redlock::{RedlockConfig, RedlockProvider};
 pub use single::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT, RedisConfig, RedisProvider};

@@ -11,6 +11,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, FromRedisValue, RedisError, Script, ServerErrorKind};
 
 use crate::sentinel::{ClusterTarget, SentinelTarget};
+pub(crate) use crate::time::Timeouts;
 
 struct Subscription {
     /// Stopped when the subscription is dropped (replaced, or the provider gone).
@@ -29,13 +30,6 @@ pub(crate) const CANCEL_RETRY_FOR: Duration = Duration::from_secs(600);
 /// How often an idle release subscriber checks its connection with a PING:
 /// the longest a waiter can miss releases after the connection silently drops.
 pub(crate) const SUBSCRIBER_HEARTBEAT: Duration = Duration::from_secs(1);
-
-/// Timeouts of one node.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Timeouts {
-    pub connect: Duration,
-    pub response: Duration,
-}
 
 /// Where a node's server is: one fixed address, the primary that the
 /// Sentinels name now, or a Redis Cluster (the slot's primary, per key).
@@ -557,7 +551,7 @@ impl Node {
         let tombstone = crate::keys::cancel_key(lease_key, owner_hex);
         // The tombstone only has to outlive the queued acquire it refuses,
         // which runs as soon as the server does.
-        let keep = crate::single::millis(ttl.max(Duration::from_secs(60))).to_string();
+        let keep = crate::time::millis(ttl.max(Duration::from_secs(60))).to_string();
         let give_up = lease_api::backend::deadline_in(CANCEL_RETRY_FOR);
         let mut backoff = Duration::from_millis(100);
         loop {

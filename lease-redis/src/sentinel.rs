@@ -16,7 +16,7 @@ use std::time::Duration;
 use lease_api::{LeaseError, Result};
 use redis::Value;
 
-use crate::node::Timeouts;
+use crate::time::Timeouts;
 
 /// How many replicas acknowledge each acquire and extend by default.
 pub(crate) const DEFAULT_WAIT_REPLICAS: u32 = 1;

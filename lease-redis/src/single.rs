@@ -20,11 +20,12 @@ use crate::keys::{
     QueueKeys, cancel_key, encode, member_mark, queue_keys, redis_keys, release_channel,
     ticket_member, ticket_message,
 };
-use crate::node::{Node, Timeouts};
+use crate::node::Node;
 use crate::scripts::{
     ACQUIRE, EXTEND, EXTEND_BATCH, EXTEND_MANY, INSPECT, QUEUE_JOIN, QUEUE_LEAVE, QUEUE_LIVE,
     QUEUE_PLACE, QUEUE_REFRESH, RELEASE, held_by,
 };
+pub(crate) use crate::time::{Timeouts, millis};
 
 /// The default connect timeout.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -586,10 +587,6 @@ impl ExtendBatch {
             .map(|(lease, ttl)| sent(lease, ttl?))
             .collect()
     }
-}
-
-pub(crate) fn millis(ttl: Duration) -> u64 {
-    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// A stored lease value: owner, token and, when recorded, the holder label.
