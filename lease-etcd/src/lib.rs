@@ -89,9 +89,13 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod config;
+mod ops;
 mod provider;
+mod queue;
 mod session;
 
+pub use config::{EtcdConfig, EtcdTls};
+pub use provider::EtcdProvider;
 #[doc(hidden)]
 pub use provider::SessionHook;
-pub use provider::{EtcdConfig, EtcdProvider, EtcdTls};

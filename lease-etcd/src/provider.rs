@@ -1,149 +1,40 @@
 //! `EtcdProvider`.
-
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
+use crate::config::EtcdConfig;
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp,
-    TxnOpResponse, TxnResponse, WatchStream,
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
+    TxnResponse,
 };
-use lease_api::backend::{
-    DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, KeyWatch, LeaseHandle, OwnerId, Place, SessionStore,
-    Ticket, WaitQueue, validate_namespace,
-};
+use lease_api::backend::{DEFAULT_MAX_TTL, LeaseHandle, OwnerId, validate_namespace};
 use lease_api::{
     Capabilities, ExpiryClock, Failover, FailoverExtension, FailoverTokens, FencingToken, Lease,
-    LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Notifications, Result, TokenDurability,
-    TryAcquire,
+    LeaseError, LeaseKey, Notifications, Result, TokenDurability, TryAcquire,
 };
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
-/// TLS settings for `https://` endpoints.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct EtcdTls {
-    /// The CA that signed the servers' certificates (PEM); the system's roots
-    /// when `None`.
-    pub ca: Option<std::path::PathBuf>,
-    /// A client certificate and its key (PEM), for servers started with
-    /// `--client-cert-auth`.
-    pub identity: Option<(std::path::PathBuf, std::path::PathBuf)>,
-}
-
-impl EtcdTls {
-    /// Trusts the CA in `ca` (PEM) instead of the system's roots.
-    pub fn ca(mut self, ca: impl Into<std::path::PathBuf>) -> Self {
-        self.ca = Some(ca.into());
-        self
-    }
-
-    /// Presents the client certificate `cert` with its key `key` (both PEM).
-    pub fn identity(
-        mut self,
-        cert: impl Into<std::path::PathBuf>,
-        key: impl Into<std::path::PathBuf>,
-    ) -> Self {
-        self.identity = Some((cert.into(), key.into()));
-        self
-    }
-}
-
-/// How to reach etcd. `Debug` never shows the password.
-#[derive(Clone)]
-#[non_exhaustive]
-pub struct EtcdConfig {
-    /// One or more endpoints, `http://host:port` or `https://host:port`.
-    pub endpoints: Vec<String>,
-    /// An etcd user and password (etcd's `auth enable`), if any.
-    pub credentials: Option<(String, String)>,
-    /// TLS settings for `https://` endpoints.
-    pub tls: EtcdTls,
-    /// The namespace; providers in different namespaces never see each other.
-    pub namespace: String,
-    /// How long to wait for a connection.
-    pub connect_timeout: Duration,
-    /// How long to wait for one request.
-    pub request_timeout: Duration,
-}
-
-impl EtcdConfig {
-    /// A configuration for `endpoints` with the default namespace and timeouts.
-    pub fn new<I, S>(endpoints: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        EtcdConfig {
-            endpoints: endpoints.into_iter().map(Into::into).collect(),
-            credentials: None,
-            tls: EtcdTls::default(),
-            namespace: DEFAULT_NAMESPACE.into(),
-            connect_timeout: Duration::from_secs(2),
-            request_timeout: Duration::from_secs(3),
-        }
-    }
-
-    /// Sets the namespace.
-    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
-        self.namespace = namespace.into();
-        self
-    }
-
-    /// Sets both timeouts.
-    pub fn timeouts(mut self, connect: Duration, request: Duration) -> Self {
-        self.connect_timeout = connect;
-        self.request_timeout = request;
-        self
-    }
-
-    /// Authenticates as an etcd user.
-    pub fn credentials(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
-        self.credentials = Some((user.into(), password.into()));
-        self
-    }
-
-    /// Sets the TLS settings (used with `https://` endpoints).
-    pub fn tls(mut self, tls: EtcdTls) -> Self {
-        self.tls = tls;
-        self
-    }
-}
-
-impl std::fmt::Debug for EtcdConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EtcdConfig")
-            .field("endpoints", &self.endpoints)
-            .field("user", &self.credentials.as_ref().map(|(u, _)| u))
-            .field("tls", &self.tls)
-            .field("namespace", &self.namespace)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("request_timeout", &self.request_timeout)
-            .finish()
-    }
-}
-
-struct Inner {
-    config: EtcdConfig,
+pub(crate) struct Inner {
+    pub(crate) config: EtcdConfig,
     /// One client per endpoint, connected on first use. etcd-client's own
     /// balancing over several endpoints keeps choosing a member that died:
     /// its requests fail at once, so it looks the least loaded (measured:
     /// one run in three never recovered from a killed leader in 16 s).
-    clients: Vec<OnceCell<Client>>,
+    pub(crate) clients: Vec<OnceCell<Client>>,
     /// The endpoint requests go to; a request that fails as unavailable
     /// moves it to the next one.
-    current: std::sync::atomic::AtomicUsize,
-    prefix: String,
-    caps: Capabilities,
-    display: String,
+    pub(crate) current: std::sync::atomic::AtomicUsize,
+    pub(crate) prefix: String,
+    pub(crate) caps: Capabilities,
+    pub(crate) display: String,
     /// Keys this provider saw held, until when at least; cleared by a watch
     /// that sees the key deleted. A try on such a key reads before it grants.
-    seen_held: Arc<std::sync::Mutex<HashMap<String, Instant>>>,
+    pub(crate) seen_held: Arc<std::sync::Mutex<HashMap<String, Instant>>>,
     /// Test hook: runs between a session's keep-alive and its read of the
     /// keys on it.
-    after_keep_alive: std::sync::Mutex<Option<SessionHook>>,
+    pub(crate) after_keep_alive: std::sync::Mutex<Option<SessionHook>>,
 }
 
 /// A hook of [`EtcdProvider::set_after_session_keep_alive`].
@@ -153,7 +44,7 @@ pub type SessionHook = Arc<dyn Fn() -> futures_util::future::BoxFuture<'static, 
 /// for waiting. See the crate docs.
 #[derive(Clone)]
 pub struct EtcdProvider {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 impl std::fmt::Debug for EtcdProvider {
@@ -165,7 +56,7 @@ impl std::fmt::Debug for EtcdProvider {
     }
 }
 
-fn encode_namespace(ns: &str) -> String {
+pub(crate) fn encode_namespace(ns: &str) -> String {
     ns.replace('%', "%25").replace('/', "%2F")
 }
 
@@ -173,14 +64,14 @@ fn encode_namespace(ns: &str) -> String {
 /// cluster could not serve the request: CANCELLED, UNKNOWN, DEADLINE_EXCEEDED,
 /// ABORTED, UNAVAILABLE.
 /// etcd's default election timeout is 1 s; leave room for a slow election.
-const ELECTION_TIMEOUT_BOUND: Duration = Duration::from_secs(3);
+pub(crate) const ELECTION_TIMEOUT_BOUND: Duration = Duration::from_secs(3);
 
 /// How long a background revoke is retried while etcd is unreachable: the
 /// longest a fair waiter's ticket lives unrefreshed, after which its lease
 /// has run out anyway.
-const REVOKE_RETRIES_FOR: Duration = lease_api::backend::MAX_TICKET_TTL;
+pub(crate) const REVOKE_RETRIES_FOR: Duration = lease_api::backend::MAX_TICKET_TTL;
 
-fn status_unavailable(code: i32) -> bool {
+pub(crate) fn status_unavailable(code: i32) -> bool {
     matches!(code, 1 | 2 | 4 | 10 | 14)
 }
 
@@ -274,7 +165,7 @@ impl EtcdProvider {
         }
     }
 
-    fn seen_held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
+    pub(crate) fn seen_held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
         self.inner
             .seen_held
             .lock()
@@ -284,7 +175,7 @@ impl EtcdProvider {
     /// For a key this provider saw held and not yet saw deleted: whether it
     /// is still there, by one read, so a waiter does not grant (and revoke)
     /// an etcd lease on every look at a held key.
-    async fn still_held(&self, k: &str) -> Result<Option<Duration>> {
+    pub(crate) async fn still_held(&self, k: &str) -> Result<Option<Duration>> {
         let now = Instant::now();
         let until = {
             let mut seen = self.seen_held();
@@ -324,11 +215,11 @@ impl EtcdProvider {
         Ok(u64::try_from(resp.deleted()).unwrap_or(0))
     }
 
-    fn etcd_key(&self, key: &LeaseKey) -> String {
+    pub(crate) fn etcd_key(&self, key: &LeaseKey) -> String {
         format!("{}{}", self.inner.prefix, key.as_str())
     }
 
-    fn map_err(&self, e: etcd_client::Error) -> LeaseError {
+    pub(crate) fn map_err(&self, e: etcd_client::Error) -> LeaseError {
         // 3 (a refused user or password), 7 permission denied, 16 unauthenticated.
         let refused = match &e {
             etcd_client::Error::GRpcStatus(s) => {
@@ -363,7 +254,7 @@ impl EtcdProvider {
         }
     }
 
-    fn tls_options(&self) -> Result<etcd_client::TlsOptions> {
+    pub(crate) fn tls_options(&self) -> Result<etcd_client::TlsOptions> {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let read = |what: &str, path: &std::path::Path| {
             std::fs::read(path).map_err(|e| {
@@ -388,7 +279,7 @@ impl EtcdProvider {
     }
 
     /// The client of endpoint `i`.
-    async fn client(&self, i: usize) -> Result<Client> {
+    pub(crate) async fn client(&self, i: usize) -> Result<Client> {
         let c = &self.inner.config;
         let cell = self
             .inner
@@ -422,7 +313,7 @@ impl EtcdProvider {
 
     /// Runs one request on a fresh handle of the shared client, bounded by the
     /// request timeout.
-    async fn call<T, F, Fut>(&self, what: &'static str, f: F) -> Result<T>
+    pub(crate) async fn call<T, F, Fut>(&self, what: &'static str, f: F) -> Result<T>
     where
         F: FnOnce(Client) -> Fut,
         Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
@@ -456,7 +347,7 @@ impl EtcdProvider {
     /// retrying while etcd is unreachable: after a call whose answer was
     /// lost the connection is often down for a moment, and a ticket left
     /// on the lease would hold its line up until the lease ran out.
-    fn revoke_in_background(&self, lease_id: i64) {
+    pub(crate) fn revoke_in_background(&self, lease_id: i64) {
         let this = self.clone();
         tokio::spawn(async move {
             let give_up = Instant::now() + REVOKE_RETRIES_FOR;
@@ -483,7 +374,7 @@ impl EtcdProvider {
         });
     }
 
-    async fn grant(&self, ttl: Duration) -> Result<(i64, Duration)> {
+    pub(crate) async fn grant(&self, ttl: Duration) -> Result<(i64, Duration)> {
         let secs = i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX);
         let resp = self
             .call("lease grant", |mut c| async move {
@@ -691,7 +582,7 @@ impl EtcdProvider {
 
     /// Deletes `key` if its value starts with `owner`: undoes an acquire
     /// whose answer was lost, in the background.
-    fn delete_if_owner_in_background(&self, key: &str, owner: OwnerId) {
+    pub(crate) fn delete_if_owner_in_background(&self, key: &str, owner: OwnerId) {
         let this = self.clone();
         let key = key.to_owned();
         let owner = owner.to_hex();
@@ -729,7 +620,7 @@ impl EtcdProvider {
     }
 
     /// The remaining TTL of etcd lease `id`, if it still exists.
-    async fn time_to_live(&self, id: i64) -> Result<Option<Duration>> {
+    pub(crate) async fn time_to_live(&self, id: i64) -> Result<Option<Duration>> {
         if id == 0 {
             return Ok(None);
         }
@@ -749,13 +640,13 @@ impl EtcdProvider {
 }
 
 /// The key's value: `<owner hex>:<holder label>`.
-fn value(owner: OwnerId, holder: &str) -> String {
+pub(crate) fn value(owner: OwnerId, holder: &str) -> String {
     format!("{}:{holder}", owner.to_hex())
 }
 
 /// Owner and holder label of a value; values written before labels existed
 /// are the owner alone.
-fn parse_value(v: &[u8]) -> (Option<OwnerId>, Option<String>) {
+pub(crate) fn parse_value(v: &[u8]) -> (Option<OwnerId>, Option<String>) {
     let Ok(s) = std::str::from_utf8(v) else {
         return (None, None);
     };
@@ -768,10 +659,10 @@ fn parse_value(v: &[u8]) -> (Option<OwnerId>, Option<String>) {
 /// The etcd lease a lease of ours is attached to; 0 (no lease, which no key of
 /// ours carries) for a lease from another backend, so every compare fails.
 /// Keys per page of a session's range read.
-const SCAN_PAGE: i64 = 10_000;
+pub(crate) const SCAN_PAGE: i64 = 10_000;
 
 /// The first key after every key that starts with `prefix`.
-fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+pub(crate) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     let mut end = prefix.to_vec();
     while let Some(last) = end.pop() {
         if last < 0xff {
@@ -783,7 +674,7 @@ fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     vec![0]
 }
 
-fn lease_id(lease: &Lease) -> i64 {
+pub(crate) fn lease_id(lease: &Lease) -> i64 {
     match lease.handle() {
         LeaseHandle::EtcdLease(id) | LeaseHandle::EtcdSession(id) => id,
         _ => 0,
@@ -792,381 +683,8 @@ fn lease_id(lease: &Lease) -> i64 {
 
 /// Revokes the etcd lease of `lease` after its key went, unless a session
 /// owns it (the session's other keys live on it).
-fn revoke_if_own(provider: &EtcdProvider, lease: &Lease) {
+pub(crate) fn revoke_if_own(provider: &EtcdProvider, lease: &Lease) {
     if let LeaseHandle::EtcdLease(id) = lease.handle() {
         provider.revoke_in_background(id);
-    }
-}
-
-#[async_trait]
-impl LeaseProvider for EtcdProvider {
-    fn capabilities(&self) -> &Capabilities {
-        &self.inner.caps
-    }
-
-    fn namespace(&self) -> &str {
-        &self.inner.config.namespace
-    }
-
-    async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
-        let ttl = self.inner.caps.grant_ttl(ttl)?;
-        let k = self.etcd_key(key);
-        if let Some(remaining) = self.still_held(&k).await? {
-            return Ok(TryAcquire::Held {
-                remaining: Some(remaining),
-            });
-        }
-        let sent_at = Instant::now();
-        let (id, granted) = self.grant(ttl).await?;
-        self.claim(key, LeaseHandle::EtcdLease(id), granted, sent_at)
-            .await
-    }
-
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
-        let ttl = self.inner.caps.grant_ttl(ttl)?;
-        let id = lease_id(lease);
-        let lost = || LeaseError::lost(lease);
-        let sent_at = Instant::now();
-        if ttl == lease.ttl() {
-            // Keep-alive and a read of the key, in parallel (one round trip of
-            // latency): the etcd lease must be alive AND still carry our key,
-            // which a release deletes before it revokes the etcd lease.
-            let k = self.etcd_key(lease.key());
-            let read = self.call("get", |mut c| async move { c.get(k, None).await });
-            let (alive, current) = tokio::join!(self.keep_alive_once(id), read);
-            let ttl_left = alive?;
-            let ours = current?.kvs().first().is_some_and(|kv| {
-                u64::try_from(kv.create_revision()).ok() == Some(lease.token().get())
-                    && parse_value(kv.value()).0 == Some(lease.owner())
-            });
-            if ttl_left <= 0 || !ours {
-                return Err(lost());
-            }
-            let granted = Duration::from_secs(u64::try_from(ttl_left).unwrap_or(0));
-            return Ok(lease.renewed(granted, sent_at));
-        }
-        // Another TTL: a new etcd lease, attached while we still hold the key.
-        let (new_id, granted) = self.grant(ttl).await?;
-        let k = self.etcd_key(lease.key());
-        let txn = Txn::new()
-            .when(self.held_compares(lease))
-            // The value (owner and holder label) stays as the acquire wrote it.
-            .and_then(vec![TxnOp::put(
-                k,
-                "",
-                Some(PutOptions::new().with_lease(new_id).with_ignore_value()),
-            )]);
-        let resp = match self
-            .call("extend txn", |mut c| async move { c.txn(txn).await })
-            .await
-        {
-            Ok(r) => r,
-            Err(e) => {
-                self.revoke_in_background(new_id);
-                return Err(e);
-            }
-        };
-        if !resp.succeeded() {
-            self.revoke_in_background(new_id);
-            return Err(lost());
-        }
-        revoke_if_own(self, lease);
-        Ok(lease
-            .renewed(granted, sent_at)
-            .with_handle(LeaseHandle::EtcdLease(new_id)))
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<()> {
-        let k = self.etcd_key(lease.key());
-        let txn = Txn::new()
-            .when(self.held_compares(lease))
-            .and_then(vec![TxnOp::delete(k, None)]);
-        let resp = self
-            .call("release txn", |mut c| async move { c.txn(txn).await })
-            .await?;
-        if resp.succeeded() {
-            revoke_if_own(self, lease);
-            Ok(())
-        } else {
-            Err(LeaseError::not_held(lease))
-        }
-    }
-
-    async fn session_store(&self, ttl: Duration) -> Result<Option<Arc<dyn SessionStore>>> {
-        Ok(Some(crate::session::open(self, ttl)))
-    }
-
-    async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>> {
-        let k = self.etcd_key(key);
-        let resp = self
-            .call("get", |mut c| async move { c.get(k, None).await })
-            .await?;
-        let Some(kv) = resp.kvs().first() else {
-            return Ok(None);
-        };
-        let token = FencingToken(u64::try_from(kv.create_revision()).unwrap_or(0));
-        let (owner, holder) = parse_value(kv.value());
-        // The lease may have expired between the two calls: then the key is free.
-        let Some(remaining) = self.time_to_live(kv.lease()).await? else {
-            return Ok(None);
-        };
-        Ok(Some(LeaseInfo::new(token, remaining, owner, holder)))
-    }
-
-    fn wait_queue(&self) -> Option<&dyn WaitQueue> {
-        Some(self)
-    }
-
-    async fn watch(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {
-        let k = self.etcd_key(key);
-        // The watch starts at the current revision; once etcd confirmed it,
-        // every later deletion of the key is delivered.
-        let mut stream = self
-            .call("watch", |mut c| async move { c.watch(k, None).await })
-            .await?;
-        self.confirmed(&mut stream).await?;
-        Ok(Box::new(EtcdWatch {
-            stream: Some(stream),
-            key: self.etcd_key(key),
-            seen_held: Arc::clone(&self.inner.seen_held),
-        }))
-    }
-}
-
-struct EtcdWatch {
-    stream: Option<WatchStream>,
-    key: String,
-    seen_held: Arc<std::sync::Mutex<HashMap<String, Instant>>>,
-}
-
-#[async_trait]
-impl KeyWatch for EtcdWatch {
-    async fn changed(&mut self, max: Duration) {
-        let Some(stream) = self.stream.as_mut() else {
-            tokio::time::sleep(max).await;
-            return;
-        };
-        let wait = async {
-            loop {
-                match stream.message().await {
-                    Ok(Some(resp)) => {
-                        if resp.canceled() {
-                            return false;
-                        }
-                        if resp
-                            .events()
-                            .iter()
-                            .any(|e| e.event_type() == EventType::Delete)
-                        {
-                            return true;
-                        }
-                    }
-                    // The stream ended or failed: tell the caller to retry.
-                    _ => return false,
-                }
-            }
-        };
-        match tokio::time::timeout(max, wait).await {
-            Ok(true) => {
-                // Deleted: the next try grants at once instead of reading first.
-                self.seen_held
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&self.key);
-            }
-            Err(_) => {}
-            Ok(false) => {
-                // Deletions may have been missed: forget what we saw.
-                self.seen_held
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&self.key);
-                self.stream = None;
-            }
-        }
-    }
-}
-
-impl EtcdProvider {
-    /// Waits for etcd to confirm a new watch: from then on, every change of
-    /// its key is delivered.
-    async fn confirmed(&self, stream: &mut WatchStream) -> Result<()> {
-        let limit = self.inner.config.request_timeout;
-        match tokio::time::timeout(limit, stream.message()).await {
-            Ok(Ok(Some(r))) if r.created() => Ok(()),
-            Ok(Err(e)) => Err(self.map_err(e)),
-            _ => Err(LeaseError::Unavailable {
-                message: format!(
-                    "etcd at {} did not confirm a watch in time",
-                    self.inner.display
-                ),
-                source: None,
-            }),
-        }
-    }
-
-    /// The prefix of `key`'s queue of waiters: beside the lease keys of the
-    /// namespace, under a NUL byte no lease key contains, and closed by
-    /// another NUL so that the queue of `a` is not a prefix of that of `a/b`.
-    fn queue_prefix(&self, key: &LeaseKey) -> String {
-        format!("{}\0q/{}\0/", self.inner.prefix, key.as_str())
-    }
-
-    /// A waiter's etcd key: the queue prefix and its etcd lease id.
-    fn ticket_key(&self, ticket: &Ticket) -> String {
-        format!(
-            "{}{:016x}",
-            self.queue_prefix(ticket.key()),
-            ticket.handle()
-        )
-    }
-}
-
-/// Fair waiting the way etcd's `concurrency` mutex queues: each waiter puts
-/// a key under the queue prefix, attached to an etcd lease of its own, and
-/// its create revision is its place. A waiter watches the key just ahead
-/// (the greatest smaller create revision); a dead waiter's key goes when its
-/// etcd lease runs out, which the watch sees as a deletion.
-#[async_trait]
-impl WaitQueue for EtcdProvider {
-    async fn join(&self, key: &LeaseKey, ttl: Duration, mark: u64) -> Result<Ticket> {
-        let ttl = self.inner.caps.grant_ttl(ttl)?;
-        let (id, _) = self.grant(ttl).await?;
-        let k = format!("{}{id:016x}", self.queue_prefix(key));
-        let put = self
-            .call("put", |mut c| async move {
-                c.put(k, "", Some(PutOptions::new().with_lease(id))).await
-            })
-            .await;
-        match put {
-            Ok(resp) => {
-                let seq = resp
-                    .header()
-                    .map(|h| h.revision())
-                    .and_then(|r| u64::try_from(r).ok())
-                    .ok_or_else(|| {
-                        LeaseError::protocol("etcd answered a put without a revision")
-                    })?;
-                Ok(Ticket::new(key.clone(), seq, mark).with_handle(id))
-            }
-            Err(e) => {
-                // The key may have been written; it goes with the lease.
-                self.revoke_in_background(id);
-                Err(e)
-            }
-        }
-    }
-
-    async fn place(&self, ticket: &Ticket) -> Result<Place> {
-        let prefix = self.queue_prefix(ticket.key());
-        let end = prefix_end(prefix.as_bytes());
-        let max = i64::try_from(ticket.seq()).unwrap_or(i64::MAX);
-        // Our own key and the one just ahead: the two greatest create
-        // revisions up to ours.
-        let resp = self
-            .call("range", |mut c| async move {
-                c.get(
-                    prefix,
-                    Some(
-                        GetOptions::new()
-                            .with_range(end)
-                            .with_keys_only()
-                            .with_max_create_revision(max)
-                            .with_sort(
-                                etcd_client::SortTarget::Create,
-                                etcd_client::SortOrder::Descend,
-                            )
-                            .with_limit(2),
-                    ),
-                )
-                .await
-            })
-            .await?;
-        let kvs = resp.kvs();
-        let own = kvs
-            .first()
-            .is_some_and(|kv| kv.create_revision() == max && kv.lease() == ticket.handle());
-        if !own {
-            return Ok(Place::Gone);
-        }
-        Ok(match kvs.get(1) {
-            None => Place::First,
-            Some(kv) => Place::Behind {
-                // Its key and lease name it; its mark is not stored.
-                ahead: Ticket::new(
-                    ticket.key().clone(),
-                    u64::try_from(kv.create_revision()).unwrap_or(0),
-                    0,
-                )
-                .with_handle(kv.lease()),
-                // Its deletion at expiry reaches the watch.
-                remaining: None,
-            },
-        })
-    }
-
-    async fn watch_ticket(&self, ahead: &Ticket) -> Result<Box<dyn KeyWatch>> {
-        let k = self.ticket_key(ahead);
-        // Watch from now on, then look: a deletion before the watch started
-        // shows as a missing key, one after it as an event. (Watching from
-        // the ticket's create revision would fail once etcd compacted past it.)
-        let watched = k.clone();
-        let mut stream = self
-            .call("watch", |mut c| async move { c.watch(watched, None).await })
-            .await?;
-        self.confirmed(&mut stream).await?;
-        let found = self
-            .call("get", |mut c| async move {
-                c.get(k, Some(GetOptions::new().with_keys_only())).await
-            })
-            .await?;
-        Ok(Box::new(TicketWatch {
-            stream: (!found.kvs().is_empty()).then_some(stream),
-        }))
-    }
-
-    async fn refresh(&self, ticket: &Ticket, _ttl: Duration) -> Result<bool> {
-        Ok(self.keep_alive_once(ticket.handle()).await? > 0)
-    }
-
-    async fn leave(&self, ticket: &Ticket) -> Result<()> {
-        let k = self.ticket_key(ticket);
-        self.call("delete", |mut c| async move { c.delete(k, None).await })
-            .await?;
-        self.revoke_in_background(ticket.handle());
-        Ok(())
-    }
-}
-
-/// Waits for the deletion of the ticket ahead.
-struct TicketWatch {
-    stream: Option<WatchStream>,
-}
-
-#[async_trait]
-impl KeyWatch for TicketWatch {
-    async fn changed(&mut self, max: Duration) {
-        let Some(stream) = self.stream.as_mut() else {
-            return;
-        };
-        let deleted = async {
-            loop {
-                match stream.message().await {
-                    Ok(Some(resp)) if resp.canceled() => return,
-                    Ok(Some(resp)) => {
-                        if resp
-                            .events()
-                            .iter()
-                            .any(|e| e.event_type() == EventType::Delete)
-                        {
-                            return;
-                        }
-                    }
-                    _ => return,
-                }
-            }
-        };
-        let _ = tokio::time::timeout(max, deleted).await;
-        self.stream = None;
     }
 }

@@ -128,8 +128,13 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod config;
 mod issued;
+mod ops;
 mod provider;
+mod queue;
 mod session;
+mod watch;
 
-pub use provider::{ZkConfig, ZkProvider};
+pub use config::ZkConfig;
+pub use provider::ZkProvider;

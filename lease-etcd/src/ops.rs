@@ -1,0 +1,204 @@
+//! The lease operations of `EtcdProvider`: acquire, extend, release, inspect and watch.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::provider::{EtcdProvider, lease_id, parse_value, revoke_if_own};
+use async_trait::async_trait;
+use etcd_client::{EventType, PutOptions, Txn, TxnOp, WatchStream};
+use lease_api::backend::{KeyWatch, LeaseHandle, SessionStore, WaitQueue};
+use lease_api::{
+    Capabilities, FencingToken, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Result,
+    TryAcquire,
+};
+use tokio::time::Instant;
+
+#[async_trait]
+impl LeaseProvider for EtcdProvider {
+    fn capabilities(&self) -> &Capabilities {
+        &self.inner.caps
+    }
+
+    fn namespace(&self) -> &str {
+        &self.inner.config.namespace
+    }
+
+    async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
+        let ttl = self.inner.caps.grant_ttl(ttl)?;
+        let k = self.etcd_key(key);
+        if let Some(remaining) = self.still_held(&k).await? {
+            return Ok(TryAcquire::Held {
+                remaining: Some(remaining),
+            });
+        }
+        let sent_at = Instant::now();
+        let (id, granted) = self.grant(ttl).await?;
+        self.claim(key, LeaseHandle::EtcdLease(id), granted, sent_at)
+            .await
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        let ttl = self.inner.caps.grant_ttl(ttl)?;
+        let id = lease_id(lease);
+        let lost = || LeaseError::lost(lease);
+        let sent_at = Instant::now();
+        if ttl == lease.ttl() {
+            // Keep-alive and a read of the key, in parallel (one round trip of
+            // latency): the etcd lease must be alive AND still carry our key,
+            // which a release deletes before it revokes the etcd lease.
+            let k = self.etcd_key(lease.key());
+            let read = self.call("get", |mut c| async move { c.get(k, None).await });
+            let (alive, current) = tokio::join!(self.keep_alive_once(id), read);
+            let ttl_left = alive?;
+            let ours = current?.kvs().first().is_some_and(|kv| {
+                u64::try_from(kv.create_revision()).ok() == Some(lease.token().get())
+                    && parse_value(kv.value()).0 == Some(lease.owner())
+            });
+            if ttl_left <= 0 || !ours {
+                return Err(lost());
+            }
+            let granted = Duration::from_secs(u64::try_from(ttl_left).unwrap_or(0));
+            return Ok(lease.renewed(granted, sent_at));
+        }
+        // Another TTL: a new etcd lease, attached while we still hold the key.
+        let (new_id, granted) = self.grant(ttl).await?;
+        let k = self.etcd_key(lease.key());
+        let txn = Txn::new()
+            .when(self.held_compares(lease))
+            // The value (owner and holder label) stays as the acquire wrote it.
+            .and_then(vec![TxnOp::put(
+                k,
+                "",
+                Some(PutOptions::new().with_lease(new_id).with_ignore_value()),
+            )]);
+        let resp = match self
+            .call("extend txn", |mut c| async move { c.txn(txn).await })
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                self.revoke_in_background(new_id);
+                return Err(e);
+            }
+        };
+        if !resp.succeeded() {
+            self.revoke_in_background(new_id);
+            return Err(lost());
+        }
+        revoke_if_own(self, lease);
+        Ok(lease
+            .renewed(granted, sent_at)
+            .with_handle(LeaseHandle::EtcdLease(new_id)))
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        let k = self.etcd_key(lease.key());
+        let txn = Txn::new()
+            .when(self.held_compares(lease))
+            .and_then(vec![TxnOp::delete(k, None)]);
+        let resp = self
+            .call("release txn", |mut c| async move { c.txn(txn).await })
+            .await?;
+        if resp.succeeded() {
+            revoke_if_own(self, lease);
+            Ok(())
+        } else {
+            Err(LeaseError::not_held(lease))
+        }
+    }
+
+    async fn session_store(&self, ttl: Duration) -> Result<Option<Arc<dyn SessionStore>>> {
+        Ok(Some(crate::session::open(self, ttl)))
+    }
+
+    async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>> {
+        let k = self.etcd_key(key);
+        let resp = self
+            .call("get", |mut c| async move { c.get(k, None).await })
+            .await?;
+        let Some(kv) = resp.kvs().first() else {
+            return Ok(None);
+        };
+        let token = FencingToken(u64::try_from(kv.create_revision()).unwrap_or(0));
+        let (owner, holder) = parse_value(kv.value());
+        // The lease may have expired between the two calls: then the key is free.
+        let Some(remaining) = self.time_to_live(kv.lease()).await? else {
+            return Ok(None);
+        };
+        Ok(Some(LeaseInfo::new(token, remaining, owner, holder)))
+    }
+
+    fn wait_queue(&self) -> Option<&dyn WaitQueue> {
+        Some(self)
+    }
+
+    async fn watch(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {
+        let k = self.etcd_key(key);
+        // The watch starts at the current revision; once etcd confirmed it,
+        // every later deletion of the key is delivered.
+        let mut stream = self
+            .call("watch", |mut c| async move { c.watch(k, None).await })
+            .await?;
+        self.confirmed(&mut stream).await?;
+        Ok(Box::new(EtcdWatch {
+            stream: Some(stream),
+            key: self.etcd_key(key),
+            seen_held: Arc::clone(&self.inner.seen_held),
+        }))
+    }
+}
+
+struct EtcdWatch {
+    stream: Option<WatchStream>,
+    key: String,
+    seen_held: Arc<std::sync::Mutex<HashMap<String, Instant>>>,
+}
+
+#[async_trait]
+impl KeyWatch for EtcdWatch {
+    async fn changed(&mut self, max: Duration) {
+        let Some(stream) = self.stream.as_mut() else {
+            tokio::time::sleep(max).await;
+            return;
+        };
+        let wait = async {
+            loop {
+                match stream.message().await {
+                    Ok(Some(resp)) => {
+                        if resp.canceled() {
+                            return false;
+                        }
+                        if resp
+                            .events()
+                            .iter()
+                            .any(|e| e.event_type() == EventType::Delete)
+                        {
+                            return true;
+                        }
+                    }
+                    // The stream ended or failed: tell the caller to retry.
+                    _ => return false,
+                }
+            }
+        };
+        match tokio::time::timeout(max, wait).await {
+            Ok(true) => {
+                // Deleted: the next try grants at once instead of reading first.
+                self.seen_held
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&self.key);
+            }
+            Err(_) => {}
+            Ok(false) => {
+                // Deletions may have been missed: forget what we saw.
+                self.seen_held
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&self.key);
+                self.stream = None;
+            }
+        }
+    }
+}
