@@ -157,7 +157,10 @@ fn root_reexports(root: &str, mods: &BTreeMap<String, Vec<PathBuf>>) -> BTreeMap
         else {
             continue;
         };
-        let path = path.trim().trim_start_matches("crate::").trim_start_matches("self::");
+        let path = path
+            .trim()
+            .trim_start_matches("crate::")
+            .trim_start_matches("self::");
         let module = ident_at(path);
         if !mods.contains_key(module) {
             continue;
@@ -303,12 +306,22 @@ fn no_crate_has_a_module_cycle() {
 fn the_checker_sees_a_cycle_through_a_group_and_a_root_reexport() {
     let dir = tempfile::tempdir().expect("tempdir");
     let src = dir.path();
-    fs::write(src.join("lib.rs"), "mod a;\nmod b;\npub use b::{Bee, other as Renamed};\n")
-        .expect("write");
+    fs::write(
+        src.join("lib.rs"),
+        "mod a;\nmod b;\npub use b::{Bee, other as Renamed};\n",
+    )
+    .expect("write");
     // `a` names `b` through the root's re-export, inside a group.
-    fs::write(src.join("a.rs"), "use crate::{Bee, x};\n// crate::c is a comment\n")
-        .expect("write");
-    fs::write(src.join("b.rs"), "pub struct Bee;\nfn f() { crate::a::g(); }\n").expect("write");
+    fs::write(
+        src.join("a.rs"),
+        "use crate::{Bee, x};\n// crate::c is a comment\n",
+    )
+    .expect("write");
+    fs::write(
+        src.join("b.rs"),
+        "pub struct Bee;\nfn f() { crate::a::g(); }\n",
+    )
+    .expect("write");
     let g = graph(src);
     assert_eq!(g["a"], BTreeSet::from(["b".to_owned()]));
     assert_eq!(g["b"], BTreeSet::from(["a".to_owned()]));

@@ -26,8 +26,8 @@
 //! ## Cargo features
 //!
 //! One per backend: `redis` (also Redlock), `postgres` and `zk` are on by
-//! default; `etcd` is opt-in because etcd's client needs `protoc` and the
-//! protobuf include files to build; `full` turns on all four. The in-memory
+//! default; `etcd` is opt-in because etcd's client needs `protoc` to build
+//! (inside this repository `scripts/protoc` supplies it); `full` turns on all four. The in-memory
 //! provider is always there. A URL whose backend is compiled out gives an error
 //! naming the feature to enable. The `lease` command lives in its own crate,
 //! `lease-cli`, so a library user never compiles clap or the conformance suite.
