@@ -41,6 +41,12 @@ pub struct Counts {
     pub validity_overlaps: u64,
     /// Their total length, in milliseconds.
     pub validity_overlap_ms: f64,
+    /// Of those, the overlaps the host's wall clock explains: between the
+    /// earlier grant and the later one it stepped forward by at least the
+    /// overlap (see [`crate::clock`]), so a store judging expiry on that
+    /// clock ended the earlier lease before its holder's local validity.
+    #[serde(default)]
+    pub validity_overlaps_in_wall_steps: u64,
     /// Writes the sink accepted from a grant that happened before the grant of
     /// a write it had already accepted. Must be 0 with fencing and monotonic
     /// tokens.
@@ -206,6 +212,9 @@ pub fn check(
         {
             c.validity_overlaps += 1;
             c.validity_overlap_ms += ms(a.valid_end - b.ok);
+            if crate::clock::forward_steps_ns(faults, a.ok, b.ok) >= a.valid_end - b.ok {
+                c.validity_overlaps_in_wall_steps += 1;
+            }
         }
     }
 
@@ -536,6 +545,49 @@ mod tests {
         assert_eq!(c.validity_overlaps, 1);
         assert!((c.validity_overlap_ms - 40.0).abs() < 1e-9);
         assert_eq!(c.unsafe_windows, 1);
+    }
+
+    /// An overlap is put down to the wall clock only when it stepped forward,
+    /// between the two grants, by at least the overlap.
+    #[test]
+    fn an_overlap_inside_a_forward_wall_clock_step_is_told_apart() {
+        let (a, b) = (id(1, 1), id(2, 1));
+        let events = vec![
+            grant(a, 0, 1, 10, 100),
+            grant(b, 40, 50, 11, 150),
+            release(a, 90),
+            release(b, 140),
+        ];
+        let step = |at_ms: u64, note: &str| Fault {
+            kind: crate::clock::WALL_CLOCK_STEP.into(),
+            victim: None,
+            start: at_ms * MS,
+            end: at_ms * MS + MS,
+            note: note.into(),
+        };
+        let explained = |faults: &[Fault]| {
+            let c = check(&events, &[], faults, 0, 200 * MS);
+            assert_eq!(c.validity_overlaps, 1);
+            c.validity_overlaps_in_wall_steps
+        };
+        assert_eq!(explained(&[]), 0);
+        assert_eq!(explained(&[step(20, "+45.0 ms")]), 1);
+        assert_eq!(
+            explained(&[step(20, "+30.0 ms")]),
+            0,
+            "smaller than the overlap"
+        );
+        assert_eq!(explained(&[step(20, "-45.0 ms")]), 0, "backwards");
+        assert_eq!(
+            explained(&[step(60, "+45.0 ms")]),
+            0,
+            "after the later grant"
+        );
+        assert_eq!(
+            explained(&[step(10, "+25.0 ms"), step(30, "+20.0 ms")]),
+            1,
+            "two steps add up"
+        );
     }
 
     /// The same token accepted from two grants (a failover repeating one).

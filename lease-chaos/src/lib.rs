@@ -41,6 +41,7 @@
 #![warn(missing_docs)]
 
 pub mod checker;
+pub mod clock;
 pub mod history;
 pub mod matrix;
 pub mod proxy;

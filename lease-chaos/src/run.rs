@@ -616,6 +616,8 @@ async fn run_inner(
         sink_addr: sink.addr(),
     };
     let start = mono_ns();
+    // A step of the host's wall clock is no fault of the backend's: see judge.
+    let wall_clock = crate::clock::WallClockWatch::start();
     for w in 0..args.workers {
         let mut proxies = Vec::new();
         for t in &targets {
@@ -940,6 +942,11 @@ async fn run_inner(
                 .filter_map(|l| serde_json::from_str::<Event>(l).ok()),
         );
     }
+    let steps = wall_clock.steps();
+    if !steps.is_empty() {
+        injected.insert("wall-clock steps (observed)".into(), steps.len() as u64);
+    }
+    faults.extend(steps);
     let counts = check(&events, &records, &faults, start, end);
     listener.abort();
     if interrupted.load(Ordering::SeqCst) {
@@ -1038,11 +1045,29 @@ fn judge(
     if counts.grants == 0 {
         found.push(("no lease was ever granted".to_string(), false));
     }
-    if counts.validity_overlaps > 0 {
+    // Overlaps the host's wall clock explains (it stepped forward between
+    // the two grants by at least the overlap) are what a backend whose
+    // expiry follows that clock declares; only the rest are the backend's.
+    let stepped = if caps.expiry_clock.follows_wall_clock() {
+        counts.validity_overlaps_in_wall_steps
+    } else {
+        0
+    };
+    let mut declared = Vec::new();
+    if stepped > 0 {
+        declared.push(format!(
+            "{stepped} times two workers held a lease they were entitled to trust at once: \
+             declared, expiry follows a wall clock ({:?}) and the host's stepped forward \
+             between the two grants by more than the overlap",
+            caps.expiry_clock
+        ));
+    }
+    if counts.validity_overlaps > stepped {
         found.push((
             format!(
                 "{} times two workers held a lease they were entitled to trust at once ({:.0} ms)",
-                counts.validity_overlaps, counts.validity_overlap_ms
+                counts.validity_overlaps - stepped,
+                counts.validity_overlap_ms
             ),
             jumped || wiped_or_reissued,
         ));
@@ -1106,7 +1131,6 @@ fn judge(
         _ => String::new(),
     };
     let mut violations = Vec::new();
-    let mut declared = Vec::new();
     for (text, excused) in found {
         if excused {
             declared.push(format!("{text}: declared, {why}"));
@@ -1203,6 +1227,51 @@ mod tests {
 
     /// Token regressions after a lost leader are declared only where the
     /// failover declaration says tokens may repeat.
+    /// Overlaps inside a forward step of the host's wall clock are declared
+    /// only for a backend whose expiry follows a wall clock; the others stay
+    /// violations.
+    #[test]
+    fn overlaps_in_wall_clock_steps_are_declared_only_where_expiry_follows_one() {
+        let counts = Counts {
+            grants: 10,
+            validity_overlaps: 2,
+            validity_overlap_ms: 300.0,
+            validity_overlaps_in_wall_steps: 1,
+            ..Counts::default()
+        };
+        let caps =
+            |clock| leases::Capabilities::new("x", clock, leases::Notifications::TimedRetryOnly);
+        let none = BTreeMap::new();
+        let (violations, declared) = judge(
+            &counts,
+            &caps(leases::ExpiryClock::StoreServer),
+            &none,
+            true,
+        );
+        assert_eq!(violations.len(), 1, "{violations:?}");
+        assert!(violations[0].starts_with("1 times"), "{violations:?}");
+        assert_eq!(declared.len(), 1, "{declared:?}");
+        let (violations, declared) = judge(
+            &counts,
+            &caps(leases::ExpiryClock::ConsensusLeader),
+            &none,
+            true,
+        );
+        assert!(violations[0].starts_with("2 times"), "{violations:?}");
+        assert!(declared.is_empty(), "{declared:?}");
+        let all_stepped = Counts {
+            validity_overlaps_in_wall_steps: 2,
+            ..counts
+        };
+        let (violations, _) = judge(
+            &all_stepped,
+            &caps(leases::ExpiryClock::StoreServer),
+            &none,
+            true,
+        );
+        assert!(violations.is_empty(), "{violations:?}");
+    }
+
     #[test]
     fn regressions_after_a_leader_fault_are_declared_only_for_may_repeat() {
         let counts = Counts {
