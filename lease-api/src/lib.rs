@@ -117,6 +117,7 @@ mod guard;
 mod holder;
 mod hub;
 mod key;
+mod layered;
 mod lease;
 mod memory;
 mod observe;

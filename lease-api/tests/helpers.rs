@@ -5,16 +5,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
-use lease_api::backend::{DEFAULT_MAX_TTL, KeyWatch};
+use lease_api::backend::{DEFAULT_MAX_TTL, Hook, Layered, Op};
 use lease_api::*;
 use tokio::time::{Instant, sleep};
 
-/// Wraps a real provider and makes `extend` fail on demand, the way a store that
-/// went away or a takeover would.
-#[derive(Debug)]
+/// A hook over a real provider that makes `extend` fail on demand, the way a
+/// store that went away or a takeover would.
+#[derive(Debug, Default)]
 struct FailingExtend {
-    inner: MemoryProvider,
     mode: AtomicU8, // PASS, DOWN, REVOKED or PANIC
     /// try_acquire: PASS, DOWN (Unavailable) or REFUSED (a permanent Backend error).
     acquire_mode: AtomicU8,
@@ -30,14 +28,12 @@ const PANIC: u8 = 3;
 const REFUSED: u8 = 4;
 
 impl FailingExtend {
-    fn new() -> Arc<Self> {
-        Arc::new(FailingExtend {
-            inner: MemoryProvider::new(),
-            mode: AtomicU8::new(PASS),
-            acquire_mode: AtomicU8::new(PASS),
-            watch_fails: AtomicBool::new(false),
-            watch_fails_once: AtomicBool::new(false),
-        })
+    /// The in-memory provider, passing everything through until told otherwise.
+    fn new() -> Arc<Layered<MemoryProvider, FailingExtend>> {
+        Arc::new(Layered::with_hook(
+            Arc::new(MemoryProvider::new()),
+            FailingExtend::default(),
+        ))
     }
 }
 
@@ -48,45 +44,31 @@ fn injected_outage() -> LeaseError {
     }
 }
 
-#[async_trait]
-impl LeaseProvider for FailingExtend {
-    fn capabilities(&self) -> &Capabilities {
-        self.inner.capabilities()
-    }
-    fn namespace(&self) -> &str {
-        self.inner.namespace()
-    }
-    async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
-        match self.acquire_mode.load(Ordering::SeqCst) {
-            DOWN => Err(injected_outage()),
-            REFUSED => Err(LeaseError::protocol("NOPERM injected: not allowed")),
-            _ => self.inner.try_acquire(key, ttl).await,
+impl Hook for FailingExtend {
+    async fn before(&self, op: &Op<'_>) -> Result<()> {
+        match *op {
+            Op::TryAcquire { .. } => match self.acquire_mode.load(Ordering::SeqCst) {
+                DOWN => Err(injected_outage()),
+                REFUSED => Err(LeaseError::protocol("NOPERM injected: not allowed")),
+                _ => Ok(()),
+            },
+            Op::Extend { lease, .. } => match self.mode.load(Ordering::SeqCst) {
+                DOWN => Err(injected_outage()),
+                PANIC => panic!("injected panic in extend"),
+                REVOKED => Err(LeaseError::Lost {
+                    key: lease.key().clone(),
+                    token: lease.token(),
+                }),
+                _ => Ok(()),
+            },
+            Op::Watch { .. }
+                if self.watch_fails.load(Ordering::SeqCst)
+                    || self.watch_fails_once.swap(false, Ordering::SeqCst) =>
+            {
+                Err(injected_outage())
+            }
+            _ => Ok(()),
         }
-    }
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
-        match self.mode.load(Ordering::SeqCst) {
-            DOWN => Err(injected_outage()),
-            PANIC => panic!("injected panic in extend"),
-            REVOKED => Err(LeaseError::Lost {
-                key: lease.key().clone(),
-                token: lease.token(),
-            }),
-            _ => self.inner.extend(lease, ttl).await,
-        }
-    }
-    async fn release(&self, lease: &Lease) -> Result<()> {
-        self.inner.release(lease).await
-    }
-    async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>> {
-        self.inner.inspect(key).await
-    }
-    async fn watch(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {
-        if self.watch_fails.load(Ordering::SeqCst)
-            || self.watch_fails_once.swap(false, Ordering::SeqCst)
-        {
-            return Err(injected_outage());
-        }
-        self.inner.watch(key).await
     }
 }
 
@@ -135,7 +117,7 @@ async fn guard_fires_lost_no_later_than_local_validity_when_store_is_down() {
     let valid_until = lease.valid_until();
     let start = lease.sent_at();
     let guard = LeaseGuard::new(provider.clone(), lease);
-    provider.mode.store(DOWN, Ordering::SeqCst);
+    provider.hook().mode.store(DOWN, Ordering::SeqCst);
     let reason = guard.lost().await;
     let fired_at = Instant::now();
     // The default margin: a tenth of the validity window (at most 1 s); tokio
@@ -167,7 +149,7 @@ async fn guard_fires_lost_at_once_when_store_says_revoked() {
         .into_lease()
         .unwrap();
     let guard = LeaseGuard::new(provider.clone(), lease.clone());
-    provider.mode.store(REVOKED, Ordering::SeqCst);
+    provider.hook().mode.store(REVOKED, Ordering::SeqCst);
     let started = Instant::now();
     assert_eq!(guard.lost().await, LostReason::Revoked);
     // At the first renewal (TTL/3), well before validity.
@@ -190,9 +172,9 @@ async fn guard_survives_a_short_outage() {
         .into_lease()
         .unwrap();
     let guard = LeaseGuard::new(provider.clone(), lease);
-    provider.mode.store(DOWN, Ordering::SeqCst);
+    provider.hook().mode.store(DOWN, Ordering::SeqCst);
     sleep(TTL / 2).await; // one renewal failed, local validity not yet over
-    provider.mode.store(PASS, Ordering::SeqCst);
+    provider.hook().mode.store(PASS, Ordering::SeqCst);
     sleep(TTL * 3).await;
     assert!(!guard.is_lost(), "{:?}", guard.lost_reason());
     guard.release().await.unwrap();
@@ -233,7 +215,7 @@ async fn run_with_lease_cancels_the_job_when_the_lease_is_lost() {
         RunOptions::default(),
         |ctx| async move {
             let _marker = SetOnDrop(flag);
-            p.mode.store(DOWN, Ordering::SeqCst);
+            p.hook().mode.store(DOWN, Ordering::SeqCst);
             // A job that would run forever; only the lost signal ends it.
             sleep(Duration::from_secs(3600)).await;
             ctx.token
@@ -517,7 +499,7 @@ async fn guard_fires_lost_when_its_renewal_task_dies() {
         .unwrap();
     let valid_until = lease.valid_until();
     let guard = LeaseGuard::new(provider.clone(), lease);
-    provider.mode.store(PANIC, Ordering::SeqCst);
+    provider.hook().mode.store(PANIC, Ordering::SeqCst);
     let reason = tokio::time::timeout_at(valid_until, guard.lost())
         .await
         .expect("lost must fire before local validity ends when the renewal task dies");
@@ -569,7 +551,10 @@ async fn huge_durations_never_panic() {
 async fn acquire_fails_fast_on_a_permanent_error_and_retries_a_transient_one() {
     let provider = FailingExtend::new();
     let k = key("permanent");
-    provider.acquire_mode.store(REFUSED, Ordering::SeqCst);
+    provider
+        .hook()
+        .acquire_mode
+        .store(REFUSED, Ordering::SeqCst);
     let started = Instant::now();
     let err = acquire(
         &provider,
@@ -584,7 +569,7 @@ async fn acquire_fails_fast_on_a_permanent_error_and_retries_a_transient_one() {
         "retried a permanent error for {:?}",
         started.elapsed()
     );
-    provider.acquire_mode.store(DOWN, Ordering::SeqCst);
+    provider.hook().acquire_mode.store(DOWN, Ordering::SeqCst);
     let started = Instant::now();
     let err = acquire(
         &provider,
@@ -604,7 +589,7 @@ async fn acquire_fails_fast_on_a_permanent_error_and_retries_a_transient_one() {
 #[tokio::test(start_paused = true)]
 async fn acquire_gets_the_key_when_watching_fails() {
     let provider = FailingExtend::new();
-    provider.watch_fails.store(true, Ordering::SeqCst);
+    provider.hook().watch_fails.store(true, Ordering::SeqCst);
     let k = key("no-watch");
     let lease = acquire(
         &provider,
@@ -650,14 +635,17 @@ async fn waiter_sets_up_a_watch_again_after_a_transient_failure() {
         .unwrap()
         .into_lease()
         .unwrap();
-    provider.watch_fails_once.store(true, Ordering::SeqCst);
+    provider
+        .hook()
+        .watch_fails_once
+        .store(true, Ordering::SeqCst);
     let w: Arc<dyn LeaseProvider> = provider.clone();
     let k2 = k.clone();
     let waiter =
         tokio::spawn(async move { acquire(&w, &k2, AcquireOptions::ttl(TTL).wait(long)).await });
     sleep(Duration::from_millis(50)).await;
     assert!(
-        !provider.watch_fails_once.load(Ordering::SeqCst),
+        !provider.hook().watch_fails_once.load(Ordering::SeqCst),
         "the waiter tried to watch"
     );
     let released = Instant::now();
