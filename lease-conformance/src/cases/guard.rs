@@ -41,7 +41,7 @@ pub(super) async fn guard_fires_lost_signal_by_local_validity(ctx: Ctx) -> CaseR
     let lease = must_acquire(&*link, &key, ttl).await?;
     let valid_until = lease.valid_until();
     let guard = LeaseGuard::with_config(link.clone(), lease.clone(), GuardConfig::default());
-    link.cut(true);
+    link.hook().cut(true);
     let reason = tokio::time::timeout(ttl + TOLERANCE, guard.lost())
         .await
         .map_err(|_| CaseError("the guard never fired its lost signal".into()))?;
@@ -69,7 +69,7 @@ pub(super) async fn guard_fires_lost_signal_by_local_validity(ctx: Ctx) -> CaseR
         ));
     };
     check!(next.token() > lease.token(), "takeover token did not grow");
-    link.cut(false);
+    link.hook().cut(false);
     match guard.release().await {
         Err(LeaseError::NotHeld { .. }) => {}
         other => {

@@ -457,7 +457,7 @@ pub(super) async fn election_paused_leader_is_fenced(ctx: Ctx) -> CaseResult {
         gate.admit(old.key(), term.token()).is_ok(),
         "the fence refused the first leader"
     );
-    link.cut(true);
+    link.hook().cut(true);
     let next = Election::new(Arc::clone(&follower), name.as_str(), ttl)?;
     let session = follower.capabilities().holder_session.unwrap_or_default();
     let wait = expiry_bound(&*follower, ttl) * 2 + session;
@@ -491,7 +491,7 @@ pub(super) async fn election_paused_leader_is_fenced(ctx: Ctx) -> CaseResult {
         gate.admit(old.key(), term.token()).is_err(),
         "the fence admitted the cut-off leader's late write after the new leader's"
     );
-    link.cut(false);
+    link.hook().cut(false);
     new_term.resign().await?;
     drop(term);
     Ok(())

@@ -139,7 +139,7 @@ pub(super) async fn session_outage_fires_every_lease_by_validity(ctx: Ctx) -> Ca
     let ttl = short_ttl(&*other);
     let session = open(&as_provider, ttl).await?;
     let held = take(&session, &ctx, "outage", 8).await?;
-    link.cut(true);
+    link.hook().cut(true);
     for l in &held {
         let reason = tokio::time::timeout(ttl + TOLERANCE, l.lost())
             .await
@@ -180,7 +180,7 @@ pub(super) async fn session_outage_fires_every_lease_by_validity(ctx: Ctx) -> Ca
         ));
     };
     check!(next.token() > first_token, "takeover token did not grow");
-    link.cut(false);
+    link.hook().cut(false);
     other.release(&next).await?;
     Ok(())
 }

@@ -136,7 +136,7 @@ pub(super) async fn dropped_wait_leaks_no_lease(ctx: Ctx) -> CaseResult {
 
 pub(super) async fn waiter_gets_free_key_when_watch_fails(ctx: Ctx) -> CaseResult {
     let waiter = Instrumented::new(ctx.provider().await?);
-    waiter.fail_watch(true);
+    waiter.hook().fail_watch(true);
     let w: Arc<dyn LeaseProvider> = waiter.clone();
     let holder = ctx.provider().await?;
     let key = ctx.key("no-watch")?;
@@ -181,7 +181,7 @@ pub(super) async fn waiter_store_calls_are_bounded(ctx: Ctx) -> CaseResult {
     )
     .await?;
     check!(got.is_none(), "the waiter acquired a held key");
-    let calls = waiter.try_acquires();
+    let calls = waiter.hook().try_acquires();
     check!(
         calls <= 4,
         "{calls} try_acquire calls in a 1.5 s wait on a key held for {long:?}"
@@ -194,7 +194,7 @@ pub(super) async fn waiter_store_calls_are_bounded(ctx: Ctx) -> CaseResult {
         .capabilities()
         .practical_ttl(Duration::from_millis(1500));
     let _crashed = must_acquire(&*holder, &key, ttl).await?;
-    let before = waiter.try_acquires();
+    let before = waiter.hook().try_acquires();
     let started = Instant::now();
     let Some(l) = acquire(
         &w,
@@ -205,7 +205,7 @@ pub(super) async fn waiter_store_calls_are_bounded(ctx: Ctx) -> CaseResult {
     else {
         return Err(CaseError("the waiter did not get an expired key".into()));
     };
-    let calls = waiter.try_acquires() - before;
+    let calls = waiter.hook().try_acquires() - before;
     let secs = started.elapsed().as_secs_f64();
     let bound = 6 + (secs * 4.0) as u64;
     check!(
