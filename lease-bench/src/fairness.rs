@@ -12,7 +12,7 @@ use std::time::Duration;
 use leases::{AcquireOptions, LeaseKey, LeaseProvider, Store, acquire};
 use serde::Serialize;
 
-use crate::Counting;
+use crate::{Counted, Counting};
 use tokio::time::Instant;
 
 const TASKS: usize = 64;
@@ -72,14 +72,14 @@ pub async fn run(backends: &[String], smoke: bool, out: &Path) -> Result<(), Str
     write(out, &rows, smoke)
 }
 
-async fn contend(backend: &str, p: &Arc<Counting>, fair: bool, run_for: Duration) -> Row {
+async fn contend(backend: &str, p: &Arc<Counted>, fair: bool, run_for: Duration) -> Row {
     let ttl = p.capabilities().practical_ttl(Duration::from_secs(10));
     let key = LeaseKey::new(format!(
         "contended-{}",
         &uuid::Uuid::new_v4().simple().to_string()[..8]
     ))
     .expect("a valid benchmark key");
-    let tries_before = p.tries.load(Ordering::Relaxed);
+    let tries_before = p.hook().tries.load(Ordering::Relaxed);
     let started = Instant::now();
     let deadline = started + run_for;
     let provider: Arc<dyn LeaseProvider> = Arc::clone(p) as Arc<dyn LeaseProvider>;
@@ -127,7 +127,7 @@ async fn contend(backend: &str, p: &Arc<Counting>, fair: bool, run_for: Duration
     }
     let seconds = started.elapsed().as_secs_f64();
     let acquisitions: u64 = per_task.iter().sum();
-    let tries = p.tries.load(Ordering::Relaxed) - tries_before;
+    let tries = p.hook().tries.load(Ordering::Relaxed) - tries_before;
     waits.sort();
     let ms = |d: Option<&Duration>| d.map_or(0.0, |d| d.as_secs_f64() * 1000.0);
     let p99 = waits.get(waits.len().saturating_sub(1) * 99 / 100);

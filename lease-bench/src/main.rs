@@ -20,11 +20,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use clap::Parser;
+use leases::backend::{Hook, Layered, Op};
 use leases::{
-    AcquireOptions, Capabilities, Lease, LeaseGuard, LeaseInfo, LeaseKey, LeaseProvider,
-    Result as LeaseResult, Store, TryAcquire, acquire,
+    AcquireOptions, LeaseGuard, LeaseKey, LeaseProvider, Result as LeaseResult, Store, TryAcquire,
+    acquire,
 };
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
@@ -199,67 +199,34 @@ pub struct BackendResult {
 }
 
 /// Counts store calls that go through it: renewals, and tries (the herd a
-/// release wakes, in the fairness section).
-#[derive(Debug)]
+/// release wakes, in the fairness section). A hook on [`Layered`].
+#[derive(Debug, Default)]
 pub(crate) struct Counting {
-    pub(crate) inner: Arc<dyn LeaseProvider>,
     pub(crate) extends: AtomicU64,
     pub(crate) tries: AtomicU64,
 }
 
+/// A provider whose store calls are counted.
+pub(crate) type Counted = Layered<dyn LeaseProvider, Counting>;
+
 impl Counting {
-    pub(crate) fn new(inner: Arc<dyn LeaseProvider>) -> Self {
-        Counting {
-            inner,
-            extends: AtomicU64::new(0),
-            tries: AtomicU64::new(0),
-        }
+    pub(crate) fn new(inner: Arc<dyn LeaseProvider>) -> Counted {
+        Layered::with_hook(inner, Counting::default())
     }
 }
 
-#[async_trait]
-impl LeaseProvider for Counting {
-    fn capabilities(&self) -> &Capabilities {
-        self.inner.capabilities()
-    }
-    fn namespace(&self) -> &str {
-        self.inner.namespace()
-    }
-    fn watch_reports_state(&self) -> bool {
-        self.inner.watch_reports_state()
-    }
-    async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> LeaseResult<TryAcquire> {
-        self.tries.fetch_add(1, Ordering::Relaxed);
-        self.inner.try_acquire(key, ttl).await
-    }
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> LeaseResult<Lease> {
-        self.extends.fetch_add(1, Ordering::Relaxed);
-        self.inner.extend(lease, ttl).await
-    }
-    async fn release(&self, lease: &Lease) -> LeaseResult<()> {
-        self.inner.release(lease).await
-    }
-    async fn inspect(&self, key: &LeaseKey) -> LeaseResult<Option<LeaseInfo>> {
-        self.inner.inspect(key).await
-    }
-    async fn watch(&self, key: &LeaseKey) -> LeaseResult<Box<dyn leases::backend::KeyWatch>> {
-        self.inner.watch(key).await
-    }
-    async fn extend_many(&self, leases: &[Lease]) -> LeaseResult<Vec<LeaseResult<Lease>>> {
-        self.extends.fetch_add(1, Ordering::Relaxed);
-        self.inner.extend_many(leases).await
-    }
-    fn batch_limit(&self) -> usize {
-        self.inner.batch_limit()
-    }
-    async fn session_store(
-        &self,
-        ttl: Duration,
-    ) -> LeaseResult<Option<Arc<dyn leases::backend::SessionStore>>> {
-        self.inner.session_store(ttl).await
-    }
-    fn wait_queue(&self) -> Option<&dyn leases::backend::WaitQueue> {
-        self.inner.wait_queue()
+impl Hook for Counting {
+    async fn before(&self, op: &Op<'_>) -> LeaseResult<()> {
+        match op {
+            Op::TryAcquire { .. } => {
+                self.tries.fetch_add(1, Ordering::Relaxed);
+            }
+            Op::Extend { .. } | Op::ExtendMany { .. } => {
+                self.extends.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+        Ok(())
     }
 }
 
@@ -718,11 +685,11 @@ async fn many(p: &Arc<dyn LeaseProvider>, n: usize, hold_for: Duration) -> Lease
         }
     }
     let cpu0 = proc_cpu_seconds();
-    counting.extends.store(0, Ordering::Relaxed);
+    counting.hook().extends.store(0, Ordering::Relaxed);
     let started = Instant::now();
     tokio::time::sleep(hold_for).await;
     let secs = started.elapsed().as_secs_f64();
-    let renewals = counting.extends.load(Ordering::Relaxed) as f64;
+    let renewals = counting.hook().extends.load(Ordering::Relaxed) as f64;
     let lost = guards.iter().filter(|g| g.is_lost()).count();
     let cpu = proc_cpu_seconds() - cpu0;
     let period = (ttl / 3).as_secs_f64();
