@@ -233,6 +233,9 @@ pub trait Hook: Send + Sync + 'static {
     /// that cannot fail ([`Op::Flush`], [`Op::SessionClose`],
     /// [`Op::SessionAbandon`]) are not offered. Default: let it through.
     ///
+    /// Implement it as an `async fn before(&self, op: &Op<'_>) -> Result<()>`;
+    /// it may wait, to play a slow or frozen link.
+    ///
     /// # Errors
     /// The error to answer `op` with instead of calling the store.
     fn before(&self, op: &Op<'_>) -> impl Future<Output = Result<()>> + Send {
