@@ -66,7 +66,7 @@ pub trait LeaseProvider: Send + Sync + fmt::Debug {
     /// still cannot miss a release in between: true when [`watch`](Self::watch)
     /// looks at the key's current state as it registers and reports a key
     /// that is free already as changed (ZooKeeper's exists watch does). Then
-    /// [`acquire`] tries first and sets the watch up only when the key is
+    /// [`acquire`](crate::acquire) tries first and sets the watch up only when the key is
     /// held, so a waiter woken by a release needs one store step to take the
     /// key, not two. Default `false`: watch first, then try.
     fn watch_reports_state(&self) -> bool {

@@ -97,7 +97,7 @@ pub enum Place {
 /// A key's queue of waiters in the store, for fair waiting.
 ///
 /// Backends that declare [`Capabilities::fair_waiting`](crate::Capabilities::fair_waiting)
-/// return one from [`LeaseProvider::wait_queue`]. Each method is one atomic
+/// return one from [`LeaseProvider::wait_queue`](crate::LeaseProvider::wait_queue). Each method is one atomic
 /// step in the store; [`acquire`](crate::acquire) with
 /// [`AcquireOptions::fair`](crate::AcquireOptions::fair) combines them.
 ///

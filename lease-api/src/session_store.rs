@@ -11,13 +11,13 @@ use crate::{Lease, LeaseKey, Result, TryAcquire};
 /// The store side of a [`LeaseSession`](crate::LeaseSession), for backend authors.
 ///
 /// Most backends need none: the session then takes each key with
-/// [`LeaseProvider::try_acquire`] and renews with
-/// [`LeaseProvider::extend_many`]. A store with a session of its own returns
-/// one from [`LeaseProvider::session_store`]: etcd attaches every key to one
+/// [`LeaseProvider::try_acquire`](crate::LeaseProvider::try_acquire) and renews with
+/// [`LeaseProvider::extend_many`](crate::LeaseProvider::extend_many). A store with a session of its own returns
+/// one from [`LeaseProvider::session_store`](crate::LeaseProvider::session_store): etcd attaches every key to one
 /// etcd lease, ZooKeeper ties holder nodes to the client's session.
 #[async_trait]
 pub trait SessionStore: Send + Sync + fmt::Debug {
-    /// Takes `key` for the session, as [`LeaseProvider::try_acquire`] does.
+    /// Takes `key` for the session, as [`LeaseProvider::try_acquire`](crate::LeaseProvider::try_acquire) does.
     async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire>;
 
     /// Renews up to [`batch_limit`](Self::batch_limit) leases of the session

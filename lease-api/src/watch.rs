@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::sync::futures::OwnedNotified;
 
-/// A registered interest in one key, returned by [`LeaseProvider::watch`].
+/// A registered interest in one key, returned by [`LeaseProvider::watch`](crate::LeaseProvider::watch).
 #[async_trait]
 pub trait KeyWatch: Send {
     /// Resolves when the key may have changed, or when `max` has passed, which

@@ -16,7 +16,7 @@ pub struct ZkConfig {
     /// The namespace; providers in different namespaces never see each other.
     pub namespace: String,
     /// The session timeout. Leases on a session end when it expires, so local
-    /// validity never extends past it (see [`Capabilities::holder_session`]).
+    /// validity never extends past it (see [`Capabilities::holder_session`](lease_api::Capabilities::holder_session)).
     pub session_timeout: Duration,
     /// How long to wait for a connection.
     pub connect_timeout: Duration,
