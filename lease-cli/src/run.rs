@@ -1,0 +1,329 @@
+//! `lease run`: acquire a key, run the command under the supervisor while the
+//! lease is renewed, and stop it when the lease is lost or a signal comes.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use leases::{
+    AcquireOptions, GuardConfig, LeaseError, LeaseGuard, LeaseKey, Store, StoreConfig, acquire,
+    end_after_min_hold,
+};
+
+use crate::exit::{
+    EXIT_LOST, EXIT_NOT_ACQUIRED, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_SUPERVISOR, EXIT_USAGE,
+    FLUSH_LIMIT, describe, error_code, fail,
+};
+use crate::status::held_by;
+use crate::store::shared_store;
+use crate::supervise;
+
+/// How long `lease run` waits for a killed command group to die before it
+/// gives the lease up.
+const KILL_WAIT: Duration = Duration::from_secs(5);
+
+/// Finds the program `lease run` would start, before any lease is taken:
+/// 127 when it is not found, 126 when it is not an executable file.
+fn check_runnable(program: &str) -> Result<(), (u8, String)> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &std::path::Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    let candidates: Vec<std::path::PathBuf> = if program.contains('/') {
+        vec![program.into()]
+    } else {
+        std::env::var_os("PATH")
+            .map(|p| std::env::split_paths(&p).map(|d| d.join(program)).collect())
+            .unwrap_or_default()
+    };
+    if candidates.iter().any(|c| executable(c)) {
+        return Ok(());
+    }
+    if candidates.iter().any(|c| c.exists()) {
+        return Err((EXIT_NOT_EXECUTABLE, format!("{program}: not executable")));
+    }
+    Err((EXIT_NOT_FOUND, format!("{program}: command not found")))
+}
+
+/// The once-per-slot claims of the configured PostgreSQL store, in its
+/// namespace (and in the lease table's schema).
+fn once_claims(config: &StoreConfig) -> Result<leases::lease_postgres::OnceClaims, LeaseError> {
+    let Store::Postgres {
+        url, schema, table, ..
+    } = config.parsed()?
+    else {
+        return Err(LeaseError::Config(format!(
+            "--once-per claims slots in PostgreSQL; the store is {}",
+            config.parsed()?.kind()
+        )));
+    };
+    let provider = leases::lease_postgres::PostgresProvider::new(
+        leases::lease_postgres::PostgresConfig::new(url)
+            .namespace(&config.namespace)
+            .table(&schema, table)
+            .timeouts(config.connect_timeout, config.request_timeout),
+    )?;
+    leases::lease_postgres::OnceClaims::in_table(
+        &provider,
+        &schema,
+        leases::lease_postgres::CLAIMS_TABLE,
+    )
+}
+
+/// Claims `slot` of `key` once the lease is held: `Err` with the exit code
+/// and message when another run has it (or the claim failed).
+async fn claim_slot(
+    claims: &leases::lease_postgres::OnceClaims,
+    key: &LeaseKey,
+    slot: &str,
+    keep: Option<Duration>,
+) -> Result<leases::lease_postgres::OnceClaim, (u8, String)> {
+    match claims.claim_once(key.as_str(), slot, keep).await {
+        Ok(Some(claim)) => Ok(claim),
+        Ok(None) => {
+            let by = match claims.holder(key.as_str(), slot).await {
+                Ok(Some(h)) => format!(
+                    " by {} (token {}, {} ago)",
+                    h.holder.as_deref().unwrap_or("another run"),
+                    h.token,
+                    humantime::format_duration(Duration::from_secs(h.age.as_secs()))
+                ),
+                _ => String::new(),
+            };
+            Err((
+                EXIT_NOT_ACQUIRED,
+                format!("slot {slot:?} of {key} was claimed already{by}; not running"),
+            ))
+        }
+        Err(e) => Err((error_code(&e), describe(&e))),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn run(
+    config: &StoreConfig,
+    key: &str,
+    options: AcquireOptions,
+    min_hold: Duration,
+    grace: Duration,
+    once: Option<(String, Option<Duration>)>,
+    cmd: &[String],
+) -> ExitCode {
+    if let Err((code, msg)) = check_runnable(&cmd[0]) {
+        return fail(code, msg);
+    }
+    let claims = match once.as_ref().map(|_| once_claims(config)).transpose() {
+        Ok(c) => c,
+        Err(e) => return fail(EXIT_USAGE, describe(&e)),
+    };
+    let (provider, key) = match shared_store(config).and_then(|p| Ok((p, LeaseKey::new(key)?))) {
+        Ok(v) => v,
+        Err(e) => return fail(error_code(&e), describe(&e)),
+    };
+    let ttl = options.ttl;
+    if let Err(e) = provider.capabilities().grant_ttl(ttl) {
+        return fail(EXIT_USAGE, describe(&e));
+    }
+    let acquired = acquire(&provider, &key, options).await;
+    if !matches!(acquired, Ok(Some(_))) {
+        // An attempt that timed out may have left a cancel in flight.
+        provider.flush(FLUSH_LIMIT).await;
+    }
+    let lease = match acquired {
+        Ok(Some(lease)) => lease,
+        Ok(None) => {
+            return fail(
+                EXIT_NOT_ACQUIRED,
+                format!("{}; not acquired", held_by(&*provider, &key).await),
+            );
+        }
+        Err(e) => return fail(error_code(&e), describe(&e)),
+    };
+    // The slot is claimed under the lease, so a run still going from an
+    // earlier slot is never overlapped, and a run that finds the key held
+    // leaves the slot to the one that holds it.
+    let mut claimed = None;
+    if let (Some(claims), Some((slot, keep))) = (&claims, &once) {
+        match claim_slot(claims, &key, slot, *keep).await {
+            Ok(claim) => claimed = Some((claims, slot, claim)),
+            Err((code, msg)) => {
+                let _ = provider.release(&lease).await;
+                return fail(code, msg);
+            }
+        }
+    }
+    let acquired_at = lease.sent_at();
+    let token = lease.token();
+    let guard = LeaseGuard::with_config(Arc::clone(&provider), lease, GuardConfig::default());
+    let env = [
+        ("LEASE_KEY", key.as_str().to_owned()),
+        ("LEASE_TOKEN", token.to_string()),
+        ("LEASE_HOLDER", guard.lease().holder().to_owned()),
+    ];
+    // Where the key is free the moment this process's session ends
+    // (PostgreSQL's advisory mode), the supervisor gives the command no
+    // grace when this process dies: SIGKILL at once, not at validity.
+    let grace_if_gone = if provider.capabilities().holder_session == Some(Duration::ZERO) {
+        Duration::ZERO
+    } else {
+        grace
+    };
+    let mut supervisor = match supervise::Supervisor::spawn(
+        cmd,
+        &env,
+        grace,
+        grace_if_gone,
+        guard.lease().valid_until(),
+    ) {
+        Ok(s) => s,
+        Err(e) => {
+            // Nothing ran: the slot is not used up.
+            if let Some((claims, slot, claim)) = &claimed {
+                let _ = claims.unclaim(key.as_str(), slot, claim).await;
+            }
+            let _ = guard.release().await;
+            return fail(EXIT_USAGE, format!("cannot start {:?}: {e}", cmd[0]));
+        }
+    };
+    // Tell the supervisor until when the lease is surely held, soon after each
+    // renewal: within a tenth of the validity window.
+    let window = guard.lease().valid_until() - guard.lease().sent_at();
+    let mut tick = tokio::time::interval(
+        (window / 10).clamp(Duration::from_millis(2), Duration::from_millis(100)),
+    );
+    let mut told = guard.lease().valid_until();
+    let mut forward = move |supervisor: &mut supervise::Supervisor, guard: &LeaseGuard| {
+        let until = guard.lease().valid_until();
+        if until != told {
+            told = until;
+            supervisor.valid_until(until);
+        }
+    };
+    // The command's process group, known before anything can kill the supervisor.
+    let mut group = None;
+    for _ in 0..200 {
+        group = supervisor.command_group();
+        if group.is_some() || supervisor.exited() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut signals = Signals::new();
+    let mut stopping: Option<(u8, String)> = None;
+    let exit = loop {
+        tokio::select! {
+            exit = supervisor.wait() => break exit,
+            reason = guard.lost(), if stopping.is_none() => {
+                stopping = Some((EXIT_LOST, format!("lease on {key} (token {token}) lost: {reason}; stopping the command")));
+            }
+            signal = signals.recv(), if stopping.is_none() => {
+                stopping = Some((128 + signal.1, format!("got {}; stopping the command and releasing {key}", signal.0)));
+            }
+            _ = tick.tick() => {
+                // Keep the renewals flowing, also while the command is stopping.
+                forward(&mut supervisor, &guard);
+                group = group.or_else(|| supervisor.command_group());
+                continue;
+            }
+        }
+        if let Some((_, msg)) = &stopping {
+            eprintln!("lease: {msg}");
+            supervisor.stop(grace);
+        }
+    };
+    let code = match exit {
+        Ok(supervise::SupervisorExit::Code(c)) => c,
+        Ok(supervise::SupervisorExit::Killed(sig)) => {
+            // The supervisor was killed outright: its command may still run.
+            // Stop it before the lease is given up.
+            let stopped = match group.or_else(|| supervisor.command_group()) {
+                Some(g) => supervise::kill_group_and_wait(g, KILL_WAIT).await,
+                None => true,
+            };
+            if !stopped {
+                // Something of the command still runs: leave the lease to
+                // expire on the store rather than hand the key to another.
+                let _ = guard.detach().await;
+                return fail(
+                    EXIT_SUPERVISOR,
+                    format!(
+                        "the supervisor of the command was killed by signal {sig}; the command's group did not die within {}, so {key} is left to expire",
+                        humantime::format_duration(KILL_WAIT)
+                    ),
+                );
+            }
+            if !guard.is_lost() {
+                let _ = guard.release().await;
+            }
+            return fail(
+                EXIT_SUPERVISOR,
+                format!(
+                    "the supervisor of the command was killed by signal {sig}; the command's group was killed"
+                ),
+            );
+        }
+        Err(e) => {
+            eprintln!("lease: waiting for the command failed: {e}");
+            1
+        }
+    };
+    if let Some((exit, _)) = stopping {
+        if exit != EXIT_LOST {
+            let _ = guard.release().await;
+        }
+        return ExitCode::from(exit);
+    }
+    // Lost, or past local validity with the guard not yet told (lease was frozen).
+    if guard.is_lost() || tokio::time::Instant::now() >= guard.lease().valid_until() {
+        let reason = guard
+            .lost_reason()
+            .map_or_else(|| "local validity ran out".to_string(), |r| r.to_string());
+        return fail(
+            EXIT_LOST,
+            format!(
+                "lease on {key} (token {token}) was lost ({reason}) as the command finished with code {code}; its last writes may overlap another holder's"
+            ),
+        );
+    }
+    end_after_min_hold(&provider, guard, acquired_at, min_hold).await;
+    provider.flush(FLUSH_LIMIT).await;
+    ExitCode::from(u8::try_from(code.clamp(0, 255)).unwrap_or(1))
+}
+
+/// SIGTERM, SIGINT and SIGHUP, registered once for the whole run.
+struct Signals(
+    Option<(
+        tokio::signal::unix::Signal,
+        tokio::signal::unix::Signal,
+        tokio::signal::unix::Signal,
+    )>,
+);
+
+impl Signals {
+    fn new() -> Self {
+        use tokio::signal::unix::{SignalKind, signal};
+        Signals(
+            match (
+                signal(SignalKind::terminate()),
+                signal(SignalKind::interrupt()),
+                signal(SignalKind::hangup()),
+            ) {
+                (Ok(t), Ok(i), Ok(h)) => Some((t, i, h)),
+                _ => None,
+            },
+        )
+    }
+
+    /// The next signal: its name and number.
+    async fn recv(&mut self) -> (&'static str, u8) {
+        match self.0.as_mut() {
+            Some((term, int, hup)) => tokio::select! {
+                _ = term.recv() => ("SIGTERM", 15),
+                _ = int.recv() => ("SIGINT", 2),
+                _ = hup.recv() => ("SIGHUP", 1),
+            },
+            // Without signal handling we simply never report a signal.
+            None => std::future::pending().await,
+        }
+    }
+}
