@@ -34,11 +34,15 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod build;
 mod config;
+mod store;
 mod urls;
 
-pub use config::{EtcdAccess, Store, StoreConfig, URL_FORMS, connect, memory, parse_duration};
+pub use build::memory;
+pub use config::{StoreConfig, connect, parse_duration};
 pub use lease_api::*;
+pub use store::{EtcdAccess, Store, URL_FORMS};
 pub use urls::redact;
 
 #[cfg(feature = "etcd")]
