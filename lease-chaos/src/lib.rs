@@ -42,16 +42,18 @@
 
 pub mod checker;
 pub mod clock;
+mod faults;
 pub mod history;
 pub mod matrix;
 pub mod proxy;
+mod report;
 pub mod run;
 pub mod sink;
 pub mod worker;
+mod workload;
 
 pub use checker::{Counts, check};
-pub use run::{
-    ChaosOptions, FaultKind, Members, Report, RunArgs, run, run_and_print, run_with_members,
-    self_worker_command,
-};
+pub use faults::{FaultKind, Members};
+pub use report::Report;
+pub use run::{ChaosOptions, RunArgs, run, run_and_print, run_with_members, self_worker_command};
 pub use worker::{WorkerArgs, run_worker};

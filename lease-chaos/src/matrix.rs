@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::run::Report;
+use crate::report::Report;
 
 /// Reads every `*.json` report in `dir`, ordered by backend then cell.
 ///

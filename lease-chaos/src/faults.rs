@@ -1,0 +1,430 @@
+//! The nemesis: the faults a run can inject (`FaultKind`), the members of a
+//! replicated store they act on, and injecting one fault on a run's workers,
+//! links or store nodes, then healing it.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill};
+use rand::Rng;
+use rand::rngs::StdRng;
+
+use crate::history::{Fault, mono_ns};
+use crate::sink::Sink;
+use crate::workload::{Run, signal_store};
+
+/// A fault the nemesis can inject.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, clap::ValueEnum)]
+pub enum FaultKind {
+    /// No fault: the baseline (ignored next to other kinds).
+    None,
+    /// SIGSTOP the worker holding the key for over twice the TTL, then SIGCONT
+    /// (a GC pause mid-job).
+    Pause,
+    /// `kill -9` the worker holding the key; a new process takes its slot.
+    Crash,
+    /// Black-hole every link between the holder and the store for over twice
+    /// the TTL; heal by resuming (late packets) or resetting the connections.
+    Partition,
+    /// SIGSTOP the store's processes (`--store-pid`) for twice the TTL.
+    StorePause,
+    /// Black-hole a minority of the store's nodes from every worker for three
+    /// TTLs (Redlock, or any store with several endpoints).
+    Minority,
+    /// Redis and Redlock: jump one node's clock forward by two TTLs while a
+    /// holder holds, then back. On three or more nodes this is Kleppmann's
+    /// Redlock scenario: another node is cut first, so the holder holds
+    /// exactly a majority including the jumped node; the cut heals as the
+    /// clock jumps. The jump is applied to the run's keys on that node (every
+    /// expiry moves by the jump, as a real one moves them): Debian's
+    /// redis-server links jemalloc, which libfaketime cannot run under
+    /// (libfaketime#130).
+    ClockJump,
+    /// Redis and Redlock: one node loses the run's keys and counters, as a node
+    /// restarted without persistence does, while a holder holds (on three or
+    /// more nodes with another node cut first, as for clock-jump).
+    NodeWipe,
+    /// A replicated store ([`run_with_members`](crate::run_with_members)): `kill -9` the leader (for
+    /// Redlock, a node) while a holder holds, and restart it on its own data
+    /// two TTLs later.
+    LeaderKill,
+    /// A replicated store ([`run_with_members`](crate::run_with_members)): SIGSTOP the leader for two
+    /// TTLs while a holder holds, then SIGCONT: the others elect a new
+    /// leader, and the old one wakes up thinking it still leads.
+    LeaderPause,
+}
+
+/// The members of a replicated store, for the nemesis's leader faults. The
+/// calls block (they signal processes and ask the store who leads); the
+/// run makes them off its runtime.
+pub trait Members: Send {
+    /// The member that leads now; for a store without a leader (Redlock),
+    /// any member that runs.
+    fn leader(&mut self) -> Option<usize>;
+    /// `kill -9` of a member.
+    fn kill(&mut self, member: usize);
+    /// Starts a killed member again on its own data, and waits until the
+    /// store is whole again.
+    fn restart(&mut self, member: usize);
+    /// SIGSTOP of a member.
+    fn freeze(&mut self, member: usize);
+    /// SIGCONT of a frozen member.
+    fn thaw(&mut self, member: usize);
+}
+
+/// The members, shared between the run and the blocking calls on them.
+pub(crate) type SharedMembers = Arc<std::sync::Mutex<Box<dyn Members>>>;
+
+/// Runs `f` on the members, off the runtime.
+async fn on_members<T: Send + 'static>(
+    members: &SharedMembers,
+    f: impl FnOnce(&mut dyn Members) -> T + Send + 'static,
+) -> Result<T, String> {
+    let m = Arc::clone(members);
+    tokio::task::spawn_blocking(move || {
+        let mut guard = m.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        f(guard.as_mut())
+    })
+    .await
+    .map_err(|e| format!("a member fault failed: {e}"))
+}
+
+impl FaultKind {
+    /// The name used in reports (`pause`, `store-pause`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::None => "none",
+            FaultKind::Pause => "pause",
+            FaultKind::Crash => "crash",
+            FaultKind::Partition => "partition",
+            FaultKind::StorePause => "store-pause",
+            FaultKind::Minority => "minority",
+            FaultKind::ClockJump => "clock-jump",
+            FaultKind::NodeWipe => "node-wipe",
+            FaultKind::LeaderKill => "leader-kill",
+            FaultKind::LeaderPause => "leader-pause",
+        }
+    }
+}
+
+/// What one turn of the nemesis did.
+pub(crate) enum Injection {
+    /// The fault was injected.
+    Injected(Fault),
+    /// A clock jump or node wipe found no holder (or no key) after it cut a
+    /// node: the cut alone, recorded as the minority fault it was.
+    CutOnly(Fault),
+    /// No holder to aim at right now: the kind stays due and is tried again
+    /// after the next gap.
+    Retry,
+    /// Nothing was injected this turn.
+    Skipped,
+}
+
+/// The nemesis: what it needs to aim faults besides the [`Run`] it acts on.
+pub(crate) struct Nemesis<'a> {
+    /// The sink, which knows who holds the key.
+    pub(crate) sink: &'a Sink,
+    /// The TTL of the run's leases.
+    pub(crate) ttl: Duration,
+    /// How many nodes the store has (0 when it names no host).
+    pub(crate) nodes: usize,
+    /// The store's nodes, as the proxies reach them.
+    pub(crate) targets: Vec<SocketAddr>,
+    /// The members of a replicated store, for the leader faults.
+    pub(crate) members: Option<SharedMembers>,
+    /// Member faults that could not be injected or healed: they end in the
+    /// report, not in an aborted run.
+    pub(crate) member_failures: Vec<String>,
+}
+
+impl Nemesis<'_> {
+    /// Injects one fault of `kind` on `run` and heals it.
+    pub(crate) async fn inject(
+        &mut self,
+        run: &mut Run,
+        kind: FaultKind,
+        jitter: Duration,
+        rng: &mut StdRng,
+    ) -> Result<Injection, String> {
+        let sink = self.sink;
+        let ttl = self.ttl;
+        let nodes = self.nodes;
+        let fault = match kind {
+            FaultKind::None => return Ok(Injection::Skipped),
+            FaultKind::Pause | FaultKind::Crash | FaultKind::Partition => {
+                // No holder to aim at right now: the kind stays due and is
+                // tried again after the next gap.
+                let Some(victim) = pick_holder(sink, ttl * 2).await else {
+                    return Ok(Injection::Retry);
+                };
+                let Some(pid) = run.pid(victim) else {
+                    return Ok(Injection::Retry);
+                };
+                let begin = mono_ns();
+                let note = match kind {
+                    FaultKind::Pause => {
+                        let _ = kill(pid, Signal::SIGSTOP);
+                        tokio::time::sleep(ttl * 2 + jitter).await;
+                        let _ = kill(pid, Signal::SIGCONT);
+                        String::new()
+                    }
+                    FaultKind::Crash => {
+                        let _ = kill(pid, Signal::SIGKILL);
+                        sink.forget(victim);
+                        run.restart(victim)?;
+                        String::new()
+                    }
+                    _ => {
+                        let reset = rng.random_bool(0.5);
+                        for p in &run.slots[victim as usize].proxies {
+                            p.hole();
+                        }
+                        tokio::time::sleep(ttl * 2 + jitter).await;
+                        for p in &run.slots[victim as usize].proxies {
+                            p.heal(reset);
+                        }
+                        if reset { "reset" } else { "resume" }.to_string()
+                    }
+                };
+                let end = if kind == FaultKind::Crash {
+                    begin
+                } else {
+                    mono_ns()
+                };
+                Fault {
+                    kind: kind.name().into(),
+                    victim: Some(victim),
+                    start: begin,
+                    end,
+                    note,
+                }
+            }
+            FaultKind::LeaderKill | FaultKind::LeaderPause => {
+                let Some(members) = &self.members else {
+                    return Ok(Injection::Skipped);
+                };
+                // While somebody holds: the fault lands mid-lease.
+                if pick_holder(sink, ttl * 2).await.is_none() {
+                    return Ok(Injection::Skipped);
+                }
+                let Some(leader) = on_members(members, |m| m.leader()).await? else {
+                    return Ok(Injection::Skipped);
+                };
+                let begin = mono_ns();
+                let hit = if kind == FaultKind::LeaderKill {
+                    on_members(members, move |m| m.kill(leader)).await
+                } else {
+                    on_members(members, move |m| m.freeze(leader)).await
+                };
+                tokio::time::sleep(ttl * 2 + jitter).await;
+                // Recovery from a killed leader counts from the kill, as
+                // for a crashed worker; from a frozen one, from the thaw.
+                let end = if kind == FaultKind::LeaderKill {
+                    begin
+                } else {
+                    mono_ns()
+                };
+                let healed = if kind == FaultKind::LeaderKill {
+                    on_members(members, move |m| m.restart(leader)).await
+                } else {
+                    on_members(members, move |m| m.thaw(leader)).await
+                };
+                // A member that cannot be hit or brought back ends in the
+                // report, not in an aborted run.
+                for r in [hit, healed] {
+                    if let Err(e) = r {
+                        self.member_failures
+                            .push(format!("{} of member {leader}: {e}", kind.name()));
+                    }
+                }
+                Fault {
+                    kind: kind.name().into(),
+                    victim: None,
+                    start: begin,
+                    end,
+                    note: format!("member {leader}"),
+                }
+            }
+            FaultKind::StorePause => {
+                let begin = mono_ns();
+                for &pid in &run.store_pids {
+                    signal_store(pid, Signal::SIGSTOP);
+                }
+                tokio::time::sleep(ttl * 2 + jitter).await;
+                for &pid in &run.store_pids {
+                    signal_store(pid, Signal::SIGCONT);
+                }
+                Fault {
+                    kind: kind.name().into(),
+                    victim: None,
+                    start: begin,
+                    end: mono_ns(),
+                    note: String::new(),
+                }
+            }
+            FaultKind::Minority => {
+                let minority = (nodes - 1) / 2;
+                let first = rng.random_range(0..nodes);
+                let cut: Vec<usize> = (0..minority).map(|i| (first + i) % nodes).collect();
+                let reset = rng.random_bool(0.5);
+                let begin = mono_ns();
+                for s in &run.slots {
+                    for &n in &cut {
+                        s.proxies[n].hole();
+                    }
+                }
+                tokio::time::sleep(ttl * 3 + jitter).await;
+                for s in &run.slots {
+                    for &n in &cut {
+                        s.proxies[n].heal(reset);
+                    }
+                }
+                Fault {
+                    kind: kind.name().into(),
+                    victim: None,
+                    start: begin,
+                    end: mono_ns(),
+                    note: format!("nodes {cut:?}, {}", if reset { "reset" } else { "resume" }),
+                }
+            }
+            FaultKind::ClockJump | FaultKind::NodeWipe => {
+                let node_url = |i: usize| format!("redis://{}", self.targets[i]);
+                let k = rng.random_range(0..nodes);
+                let cut = (nodes >= 3).then(|| (k + 1 + rng.random_range(0..nodes - 1)) % nodes);
+                let begin = mono_ns();
+                if let Some(c) = cut {
+                    for s in &run.slots {
+                        s.proxies[c].hole();
+                    }
+                }
+                // A holder whose grant came after the cut holds exactly a
+                // majority that includes node k.
+                let holder = pick_holder_since(sink, begin, ttl * 4).await;
+                let jump = ttl * 2;
+                let acted = match holder {
+                    Some(_) => shift_keys(&node_url(k), &run.key, kind, -(jump.as_millis() as i64))
+                        .await
+                        .map_err(|e| format!("{} on node {k}: {e}", kind.name())),
+                    None => Ok(0),
+                };
+                if let Some(c) = cut {
+                    for s in &run.slots {
+                        s.proxies[c].heal(true);
+                    }
+                }
+                let touched = acted?;
+                if holder.is_none() || touched == 0 {
+                    // The cut happened, the jump or wipe did not: recorded
+                    // as what it was.
+                    return Ok(match cut {
+                        Some(c) => Injection::CutOnly(Fault {
+                            kind: FaultKind::Minority.name().into(),
+                            victim: None,
+                            start: begin,
+                            end: mono_ns(),
+                            note: format!("node {c} (no holder for {})", kind.name()),
+                        }),
+                        None => Injection::Skipped,
+                    });
+                }
+                tokio::time::sleep(ttl * 2 + jitter).await;
+                if kind == FaultKind::ClockJump {
+                    // And back: what was set during the jump lives longer.
+                    shift_keys(&node_url(k), &run.key, kind, jump.as_millis() as i64)
+                        .await
+                        .map_err(|e| format!("clock-jump back on node {k}: {e}"))?;
+                }
+                Fault {
+                    kind: kind.name().into(),
+                    victim: None,
+                    start: begin,
+                    end: mono_ns(),
+                    note: format!("node {k}, cut {cut:?}, {touched} keys"),
+                }
+            }
+        };
+        Ok(Injection::Injected(fault))
+    }
+}
+
+/// The worker to aim at: one in a long hold if any says so within `within`,
+/// else the newest holder.
+async fn pick_holder(sink: &Sink, within: Duration) -> Option<u32> {
+    let until = tokio::time::Instant::now() + within;
+    loop {
+        let holders = sink.holders();
+        if let Some(h) = holders.iter().find(|h| h.long) {
+            return Some(h.id.worker);
+        }
+        if tokio::time::Instant::now() >= until {
+            // Whoever holds now, not whoever held when the wait began.
+            return sink.holders().first().map(|h| h.id.worker);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Like [`pick_holder`], for a grant reported after `since` only: one in a
+/// long hold if one comes within `within`, else the newest.
+async fn pick_holder_since(sink: &Sink, since: u64, within: Duration) -> Option<u32> {
+    let until = tokio::time::Instant::now() + within;
+    loop {
+        let holders = sink.holders();
+        let fresh = || holders.iter().filter(|h| h.since > since);
+        if let Some(h) = fresh().find(|h| h.long) {
+            return Some(h.id.worker);
+        }
+        if tokio::time::Instant::now() >= until {
+            return fresh().next().map(|h| h.id.worker);
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Moves the expiry of every key of the run on one Redis node by `delta_ms`
+/// (a clock jump of `-delta_ms`: keys whose time runs out are deleted, as the
+/// node would expire them), or deletes them all (`NodeWipe`). Only keys that
+/// contain the run's key are touched, so a shared node's other keys are not.
+/// Returns how many keys it touched.
+async fn shift_keys(node: &str, key: &str, kind: FaultKind, delta_ms: i64) -> Result<i64, String> {
+    const SCRIPT: &str = r"
+local n = 0
+for _, k in ipairs(redis.call('KEYS', ARGV[1])) do
+  if ARGV[3] == 'wipe' then
+    redis.call('DEL', k)
+    n = n + 1
+  else
+    local p = redis.call('PTTL', k)
+    if p > 0 then
+      local np = p + tonumber(ARGV[2])
+      if np <= 0 then redis.call('DEL', k) else redis.call('PEXPIRE', k, np) end
+      n = n + 1
+    end
+  end
+end
+return n";
+    let client = redis::Client::open(node).map_err(|e| e.to_string())?;
+    let mut conn = tokio::time::timeout(
+        Duration::from_secs(5),
+        client.get_multiplexed_async_connection(),
+    )
+    .await
+    .map_err(|_| "the node did not answer".to_string())?
+    .map_err(|e| e.to_string())?;
+    let pattern = format!("*{key}*");
+    let mode = if kind == FaultKind::NodeWipe {
+        "wipe"
+    } else {
+        "shift"
+    };
+    let script = redis::Script::new(SCRIPT);
+    let mut invocation = script.prepare_invoke();
+    invocation.arg(pattern).arg(delta_ms).arg(mode);
+    let call = invocation.invoke_async(&mut conn);
+    tokio::time::timeout(Duration::from_secs(5), call)
+        .await
+        .map_err(|_| "the node did not answer the script".to_string())?
+        .map_err(|e| e.to_string())
+}
