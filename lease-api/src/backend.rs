@@ -1,5 +1,144 @@
-//! Helpers for backend authors: what a `LeaseProvider` implementation needs
-//! and a user of leases does not (the crate root holds the user side).
+//! Writing a backend: what a [`LeaseProvider`](crate::LeaseProvider)
+//! implementation needs and a user of leases does not (the crate root holds
+//! the user side).
+//!
+//! # The six required methods
+//!
+//! A provider answers who it is ([`capabilities`](crate::LeaseProvider::capabilities),
+//! [`namespace`](crate::LeaseProvider::namespace)) and does four things, each
+//! one atomic step in its store: take a free or expired key
+//! ([`try_acquire`](crate::LeaseProvider::try_acquire)), extend a lease it
+//! still holds ([`extend`](crate::LeaseProvider::extend)), give it back
+//! ([`release`](crate::LeaseProvider::release)) and say who holds a key
+//! ([`inspect`](crate::LeaseProvider::inspect)). The skeleton below is a
+//! complete (single-process, unfenced-across-restarts) provider over a map;
+//! a real one replaces the map with its store's one-step operations and
+//! judges expiry on the store's clock, never the client's.
+//!
+//! ```
+//! use std::collections::HashMap;
+//! use std::sync::Mutex;
+//! use std::time::Duration;
+//!
+//! use async_trait::async_trait;
+//! use lease_api::backend::OwnerId;
+//! use lease_api::{
+//!     Capabilities, ExpiryClock, FencingToken, Lease, LeaseError, LeaseInfo, LeaseKey,
+//!     LeaseProvider, Notifications, Result, TryAcquire,
+//! };
+//! use tokio::time::Instant;
+//!
+//! #[derive(Debug)]
+//! struct MapProvider {
+//!     caps: Capabilities,
+//!     // key -> (owner, token, expiry); `tokens` only grows, so tokens are fenced.
+//!     held: Mutex<HashMap<LeaseKey, (OwnerId, u64, Instant)>>,
+//!     tokens: Mutex<u64>,
+//! }
+//!
+//! impl MapProvider {
+//!     fn new() -> Self {
+//!         MapProvider {
+//!             caps: Capabilities::new("map", ExpiryClock::ProcessMonotonic, Notifications::TimedRetryOnly),
+//!             held: Mutex::new(HashMap::new()),
+//!             tokens: Mutex::new(0),
+//!         }
+//!     }
+//!     fn map(&self) -> Result<std::sync::MutexGuard<'_, HashMap<LeaseKey, (OwnerId, u64, Instant)>>> {
+//!         self.held.lock().map_err(|_| LeaseError::protocol("map poisoned"))
+//!     }
+//! }
+//!
+//! #[async_trait]
+//! impl LeaseProvider for MapProvider {
+//!     fn capabilities(&self) -> &Capabilities {
+//!         &self.caps
+//!     }
+//!
+//!     fn namespace(&self) -> &str {
+//!         "default"
+//!     }
+//!
+//!     async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
+//!         let sent_at = Instant::now(); // before the store step: validity is never overstated
+//!         let mut map = self.map()?;
+//!         if let Some((_, _, expires)) = map.get(key) {
+//!             if *expires > Instant::now() {
+//!                 return Ok(TryAcquire::Held { remaining: Some(*expires - Instant::now()) });
+//!             }
+//!         }
+//!         let mut tokens = self.tokens.lock().map_err(|_| LeaseError::protocol("poisoned"))?;
+//!         *tokens += 1;
+//!         let owner = OwnerId::random();
+//!         map.insert(key.clone(), (owner, *tokens, Instant::now() + ttl));
+//!         Ok(TryAcquire::Acquired(Lease::new(key.clone(), FencingToken(*tokens), owner, ttl, sent_at)))
+//!     }
+//!
+//!     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+//!         let sent_at = Instant::now();
+//!         let mut map = self.map()?;
+//!         match map.get_mut(lease.key()) {
+//!             Some((owner, _, expires)) if *owner == lease.owner() && *expires > Instant::now() => {
+//!                 *expires = Instant::now() + ttl;
+//!                 Ok(lease.renewed(ttl, sent_at))
+//!             }
+//!             _ => Err(LeaseError::lost(lease)),
+//!         }
+//!     }
+//!
+//!     async fn release(&self, lease: &Lease) -> Result<()> {
+//!         let mut map = self.map()?;
+//!         match map.get(lease.key()) {
+//!             Some((owner, _, expires)) if *owner == lease.owner() && *expires > Instant::now() => {
+//!                 map.remove(lease.key());
+//!                 Ok(())
+//!             }
+//!             _ => Err(LeaseError::not_held(lease)),
+//!         }
+//!     }
+//!
+//!     async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>> {
+//!         let map = self.map()?;
+//!         Ok(map.get(key).and_then(|(owner, token, expires)| {
+//!             let left = expires.checked_duration_since(Instant::now())?;
+//!             Some(LeaseInfo::new(FencingToken(*token), left, Some(*owner), None))
+//!         }))
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<()> {
+//! let p = MapProvider::new();
+//! let key = LeaseKey::new("job")?;
+//! let lease = p.try_acquire(&key, Duration::from_secs(5)).await?.into_lease().expect("free");
+//! assert!(p.try_acquire(&key, Duration::from_secs(5)).await?.into_lease().is_none());
+//! p.release(&lease).await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Run the conformance suite on it (`lease_conformance::conformance_tests!`
+//! with a `ProviderFactory`): the cases of clauses C1..C12 apply to every
+//! provider. Declare in [`Capabilities`](crate::Capabilities) only what a
+//! case shows; a declaration that a probe of the live server can decide (a
+//! server-side limit, a synchronous standby) comes from the probe
+//! ([`ProbedCapabilities`]).
+//!
+//! # What the defaulted methods turn on
+//!
+//! | to offer | implement | declare | conformance cases it must then pass |
+//! | --- | --- | --- | --- |
+//! | waiting on notifications, not polls (C9) | [`watch`](crate::LeaseProvider::watch) returning a [`KeyWatch`] ([`WatchHub`] and [`NotifyWatch`] for a pub/sub store) | [`Notifications`](crate::Notifications) other than `TimedRetryOnly` | `waiter_wakes_promptly_on_release`, `waiter_gets_free_key_when_watch_fails`, `waiter_store_calls_are_bounded` |
+//! | a watch that reports the key's state (one store step after a wake-up) | [`watch_reports_state`](crate::LeaseProvider::watch_reports_state) returning true | - | the C9 cases above |
+//! | batched renewal for sessions (C16) | [`extend_many`](crate::LeaseProvider::extend_many) in one store step, [`batch_limit`](crate::LeaseProvider::batch_limit) | - | `session_renews_many_leases`, `session_key_lost_alone`, `session_release_keeps_the_others`, `session_outage_fires_every_lease_by_validity` |
+//! | the store's own session (one etcd lease, one ZooKeeper session) | [`session_store`](crate::LeaseProvider::session_store) returning a [`SessionStore`] | `Capabilities::holder_session` where the session's end frees the keys | the C16 cases above |
+//! | fair FIFO waiting (C17) | [`wait_queue`](crate::LeaseProvider::wait_queue) returning a [`WaitQueue`] (tickets are number and mark: [`Ticket`]) | `Capabilities::fair_waiting` | `fair_waiters_are_served_in_arrival_order`, `fair_queue_skips_dead_and_departed_waiters` |
+//! | clean shutdown of background work | [`flush`](crate::LeaseProvider::flush) | - | `dropped_wait_leaks_no_lease` |
+//!
+//! A wrapper around another provider (metrics, fault injection, counters) is
+//! a [`Hook`] on [`Layered`], which forwards every method once; never a
+//! hand-written `impl LeaseProvider` that forwards some methods and leaves
+//! the others to their defaults.
 
 pub use crate::caps::{DEFAULT_MAX_TTL, ProbedCapabilities};
 pub use crate::error::BoxError;
