@@ -44,18 +44,27 @@ impl LeaseProvider for EtcdProvider {
         let lost = || LeaseError::lost(lease);
         let sent_at = Instant::now();
         if ttl == lease.ttl() {
-            // Keep-alive and a read of the key, in parallel (one round trip of
-            // latency): the etcd lease must be alive AND still carry our key,
-            // which a release deletes before it revokes the etcd lease.
+            // The etcd lease must be alive AND still carry our key, which a
+            // release by another client deletes before it revokes the etcd
+            // lease (and a purge deletes without revoking it). The key is
+            // read after the keep-alive answered, never beside it: a read
+            // served first would miss a delete that lands before the
+            // keep-alive, and call a lease renewed that the store no longer
+            // has (two reads racing a write).
+            let ttl_left = self.keep_alive_once(id).await?;
+            if ttl_left <= 0 {
+                return Err(lost());
+            }
+            self.after_keep_alive().await;
             let k = self.etcd_key(lease.key());
-            let read = self.call("get", |mut c| async move { c.get(k, None).await });
-            let (alive, current) = tokio::join!(self.keep_alive_once(id), read);
-            let ttl_left = alive?;
+            let current = self
+                .call("get", |mut c| async move { c.get(k, None).await })
+                .await;
             let ours = current?.kvs().first().is_some_and(|kv| {
                 u64::try_from(kv.create_revision()).ok() == Some(lease.token().get())
                     && parse_value(kv.value()).0 == Some(lease.owner())
             });
-            if ttl_left <= 0 || !ours {
+            if !ours {
                 return Err(lost());
             }
             let granted = Duration::from_secs(u64::try_from(ttl_left).unwrap_or(0));

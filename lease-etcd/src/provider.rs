@@ -37,7 +37,7 @@ pub(crate) struct Inner {
     pub(crate) after_keep_alive: std::sync::Mutex<Option<SessionHook>>,
 }
 
-/// A hook of [`EtcdProvider::set_after_session_keep_alive`].
+/// A hook of [`EtcdProvider::set_after_keep_alive`].
 pub type SessionHook = Arc<dyn Fn() -> futures_util::future::BoxFuture<'static, ()> + Send + Sync>;
 
 /// Leases on etcd: etcd leases for expiry, create revisions for tokens, watches
@@ -140,11 +140,11 @@ impl EtcdProvider {
         })
     }
 
-    /// For tests: `hook` runs in every session renewal after etcd answered
-    /// the keep-alive and before the session reads which keys are still on
-    /// its etcd lease, so a test can delete a key exactly there.
+    /// For tests: `hook` runs after etcd answered the keep-alive of an
+    /// extend or of a session renewal and before the read of which keys
+    /// are still on the etcd lease, so a test can delete a key exactly there.
     #[doc(hidden)]
-    pub fn set_after_session_keep_alive(&self, hook: SessionHook) {
+    pub fn set_after_keep_alive(&self, hook: SessionHook) {
         *self
             .inner
             .after_keep_alive
@@ -152,8 +152,8 @@ impl EtcdProvider {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(hook);
     }
 
-    /// Runs the hook of [`set_after_session_keep_alive`](Self::set_after_session_keep_alive), if any.
-    pub(crate) async fn after_session_keep_alive(&self) {
+    /// Runs the hook of [`set_after_keep_alive`](Self::set_after_keep_alive), if any.
+    pub(crate) async fn after_keep_alive(&self) {
         let hook = self
             .inner
             .after_keep_alive

@@ -127,7 +127,7 @@ impl SessionStore for EtcdSessionStore {
             self.forget(c.id).await;
             return Ok(leases.iter().map(|l| Err(LeaseError::lost(l))).collect());
         }
-        self.provider.after_session_keep_alive().await;
+        self.provider.after_keep_alive().await;
         // Read only once the keep-alive answered: a key deleted before this
         // read is reported lost now. Read alongside it, a key deleted between
         // the read and the keep-alive was renewed for a round it no longer had.

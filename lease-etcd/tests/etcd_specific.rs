@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etcd_client::TxnOp;
-use lease_api::{AcquireOptions, LeaseError, LeaseKey, LeaseProvider, acquire};
+use lease_api::{AcquireOptions, LeaseError, LeaseKey, LeaseProvider, TryAcquire, acquire};
 use lease_etcd::{EtcdConfig, EtcdProvider};
 use lease_testkit::{OwnedProcess, owned_etcd, store_url};
 use lease_testkit::{unique, until_ok};
@@ -348,7 +348,7 @@ async fn a_session_key_deleted_during_a_renewal_is_lost_in_that_renewal() {
         Arc::clone(&lost_by_round_two),
         lost.clone(),
     );
-    p.set_after_session_keep_alive(Arc::new(move || {
+    p.set_after_keep_alive(Arc::new(move || {
         let round = r.fetch_add(1, Ordering::SeqCst) + 1;
         let (mut raw, key, seen, l) =
             (raw.clone(), store_key.clone(), Arc::clone(&seen), l.clone());
@@ -380,4 +380,57 @@ async fn a_session_key_deleted_during_a_renewal_is_lost_in_that_renewal() {
         "the other key of the session was lost too"
     );
     session.close().await;
+}
+
+/// A key deleted by another client (a release with this lease's token, a
+/// purge) between an extend's keep-alive and its read of the key makes that
+/// extend fail as lost: the read follows the keep-alive, so no delete before
+/// the last read is missed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_deleted_during_an_extend_fails_that_extend() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let ns = unique("extend_delete");
+    let p = shared(&ns);
+    let k = LeaseKey::new("deleted-during-extend").unwrap();
+    let ttl = p.capabilities().practical_ttl(Duration::from_secs(10));
+    let lease = match p.try_acquire(&k, ttl).await.unwrap() {
+        TryAcquire::Acquired(l) => l,
+        other => panic!("free key: {other:?}"),
+    };
+    let mut raw = etcd_client::Client::connect([store_url("LEASE_TEST_ETCD_URL")], None)
+        .await
+        .unwrap();
+    let found = raw
+        .get(
+            format!("lease/{ns}/"),
+            Some(
+                etcd_client::GetOptions::new()
+                    .with_prefix()
+                    .with_keys_only(),
+            ),
+        )
+        .await
+        .unwrap();
+    let store_key = found
+        .kvs()
+        .iter()
+        .map(|kv| kv.key().to_vec())
+        .find(|key| key.ends_with(b"deleted-during-extend"))
+        .expect("the lease's key");
+    let deletes = Arc::new(AtomicU32::new(0));
+    let d = Arc::clone(&deletes);
+    p.set_after_keep_alive(Arc::new(move || {
+        let (mut raw, key, d) = (raw.clone(), store_key.clone(), Arc::clone(&d));
+        Box::pin(async move {
+            if d.fetch_add(1, Ordering::SeqCst) == 0 {
+                raw.delete(key, None).await.unwrap();
+            }
+        })
+    }));
+    let extended = p.extend(&lease, lease.ttl()).await;
+    assert_eq!(deletes.load(Ordering::SeqCst), 1, "the hook ran once");
+    assert!(
+        matches!(extended, Err(LeaseError::Lost { .. })),
+        "an extend whose key was deleted after its keep-alive must fail as lost: {extended:?}"
+    );
 }
