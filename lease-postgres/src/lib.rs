@@ -157,14 +157,20 @@
 #![warn(missing_docs)]
 
 mod advisory;
+mod config;
 mod conns;
 mod hosts;
 mod once;
+mod ops;
+mod probe;
 mod provider;
 mod queue;
 mod sql;
+mod waiters;
+mod watch;
 
 pub use advisory::{ADVISORY_TABLE, AdvisoryProvider};
+pub use config::PostgresConfig;
 pub use once::{CLAIMS_TABLE, OnceClaim, OnceClaims, SlotHolder};
-pub use provider::{PostgresConfig, PostgresProvider};
+pub use provider::PostgresProvider;
 pub use queue::{Claim, Completion, JobQueue, Outcome, QueueConfig};

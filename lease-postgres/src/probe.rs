@@ -1,0 +1,131 @@
+//! What the server promises: the probe of token durability (`fsync`,
+//! `synchronous_commit`) and, with several hosts, of what a promotion keeps.
+
+use lease_api::{Capabilities, Failover, FailoverTokens, Result, TokenDurability};
+use sqlx::Row;
+
+use crate::provider::PostgresProvider;
+
+impl PostgresProvider {
+    /// With several hosts, the first call waits for the probe, so the
+    /// capabilities read after it carry the failover declaration. A probe
+    /// that fails is tried again by the next call.
+    pub(crate) async fn probe_first(&self) {
+        if self.inner.hosts.is_multi() {
+            let _ = self
+                .inner
+                .probed_first
+                .get_or_try_init(|| async { self.probe().await.map(|_| ()) })
+                .await;
+        }
+    }
+    /// Asks the server whether committed rows survive a crash (`fsync`,
+    /// `synchronous_commit`) and returns the capabilities with that answer (also
+    /// what [`capabilities`](lease_api::LeaseProvider::capabilities) reports from then on).
+    /// Happens by itself in the background on first use.
+    ///
+    /// # Errors
+    /// `Unavailable` when the database cannot be reached.
+    pub async fn probe(&self) -> Result<Capabilities> {
+        if self.inner.hosts.is_multi() {
+            // Find the primary before the pool is used: the first host
+            // listed may be a standby.
+            self.bounded(
+                "finding the primary",
+                self.inner.hosts.connect_primary(|o| o),
+            )
+            .await?;
+        }
+        let row = self
+            .bounded(
+                "the probe",
+                sqlx::query(
+                    "SELECT current_setting('fsync'), current_setting('synchronous_commit')",
+                )
+                .fetch_one(self.pool()?),
+            )
+            .await?;
+        let fsync: String = row.try_get(0).unwrap_or_default();
+        let sync_commit: String = row.try_get(1).unwrap_or_default();
+        let durable_tokens = if fsync != "on" {
+            TokenDurability::Volatile(format!(
+                "fsync is {fsync}: a clean restart keeps tokens, a crash of the server can lose recent rows and reissue tokens"
+            ))
+        } else if sync_commit == "off" {
+            TokenDurability::Volatile(
+                "synchronous_commit is off: a crash can lose the last transactions and reissue tokens".into(),
+            )
+        } else {
+            TokenDurability::Durable(
+                "tokens are committed rows (fsync on, synchronous commit); released rows keep them"
+                    .into(),
+            )
+        };
+        if !self.inner.hosts.is_multi() {
+            return Ok(self.inner.caps.record(durable_tokens));
+        }
+        let failover = self.probe_failover().await?;
+        Ok(self.inner.caps.record_with(|c| {
+            c.with_durable_tokens(durable_tokens)
+                .with_failover(Some(failover))
+        }))
+    }
+
+    /// With several hosts: whether the primary's commits wait for a standby
+    /// (`synchronous_standby_names`, `synchronous_commit`, and a standby
+    /// streaming as `sync` or `quorum` now), which decides what a promotion
+    /// keeps.
+    async fn probe_failover(&self) -> Result<Failover> {
+        let row = self
+            .bounded(
+                "the replication probe",
+                sqlx::query(
+                    "SELECT current_setting('synchronous_standby_names'), current_setting('synchronous_commit'), \
+                     (SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum'))",
+                )
+                .fetch_one(self.pool()?),
+            )
+            .await?;
+        let names: String = row.try_get(0).unwrap_or_default();
+        let commit: String = row.try_get(1).unwrap_or_default();
+        let sync_standbys: i64 = row.try_get(2).unwrap_or_default();
+        // The settings decide: with them every commit waits (blocks, if no
+        // standby is there) until a synchronous standby has it. How many are
+        // in sync right now is only reported.
+        let synchronous = !names.trim().is_empty()
+            && matches!(commit.as_str(), "on" | "remote_write" | "remote_apply");
+        let tokens = if synchronous {
+            FailoverTokens::Increasing(format!(
+                "every commit, each token's among them, reaches a synchronous standby before it returns \
+                 (synchronous_standby_names '{names}', synchronous_commit {commit}; {sync_standbys} in sync when probed)"
+            ))
+        } else {
+            FailoverTokens::MayRepeat(format!(
+                "the standbys are asynchronous (synchronous_standby_names '{names}', synchronous_commit {commit}, \
+                 {sync_standbys} in sync): a promotion can lose the last commits, tokens and leases among them"
+            ))
+        };
+        // Counted from the promotion (PostgreSQL has no failover agent of its
+        // own: Patroni, repmgr or a managed service promotes a standby): one
+        // statement fails on the old primary, and the next connects to each
+        // host in turn until one answers as primary.
+        let per_host = self.inner.hosts.connect_timeout();
+        let hosts = u32::try_from(self.inner.hosts.len()).unwrap_or(u32::MAX);
+        Ok(Failover::new(
+            tokens,
+            synchronous,
+            self.inner.response_timeout * 2 + per_host.saturating_mul(hosts),
+        ))
+    }
+
+    pub(crate) fn start_probe(&self) {
+        if self.inner.caps.begin() {
+            let this = self.clone();
+            tokio::spawn(async move {
+                if this.probe().await.is_err() {
+                    this.inner.caps.failed();
+                }
+            });
+        }
+    }
+}
