@@ -11,8 +11,8 @@ use leases::{LeaseProvider, Result as LeaseResult, Store};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::Contention;
 use crate::common::err;
+use crate::results::Contention;
 
 pub use crate::common::DIR_ENV;
 
@@ -132,20 +132,20 @@ pub async fn child(spec: &Spec) -> LeaseResult<Counted> {
         tokio::time::sleep_until(start).await;
         flock_loop(spec, stop).await?
     } else {
-        let store = Store::parse(&crate::store_url(&spec.backend))?;
+        let store = Store::parse(&crate::stores::store_url(&spec.backend))?;
         let p: Arc<dyn LeaseProvider> = store.build(
             &spec.namespace,
             Duration::from_secs(2),
             Duration::from_secs(5),
         )?;
         // Connect before the start, as the in-process run does.
-        p.inspect(&crate::key(
+        p.inspect(&crate::stores::key(
             &spec.prefix,
             spec.first_task % spec.keys.max(1),
         ))
         .await?;
         tokio::time::sleep_until(start).await;
-        crate::contend(
+        crate::contention::contend(
             &p,
             &spec.prefix,
             spec.first_task..spec.first_task + spec.tasks,

@@ -12,7 +12,7 @@ use std::time::Duration;
 use leases::{AcquireOptions, LeaseKey, LeaseProvider, Store, acquire};
 use serde::Serialize;
 
-use crate::{Counted, Counting};
+use crate::measure::{Counted, Counting};
 use tokio::time::Instant;
 
 const TASKS: usize = 64;
@@ -47,7 +47,7 @@ pub async fn run(backends: &[String], smoke: bool, out: &Path) -> Result<(), Str
     };
     let mut rows = Vec::new();
     for b in backends {
-        let store = Store::parse(&crate::store_url(b)).map_err(|e| format!("{b}: {e}"))?;
+        let store = Store::parse(&crate::stores::store_url(b)).map_err(|e| format!("{b}: {e}"))?;
         let ns = format!("fair-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
         let inner = store
             .build(&ns, Duration::from_secs(2), Duration::from_secs(5))

@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::{BackendResult, Stats};
+use crate::results::{BackendResult, Stats};
 
 /// What the parent knows about the whole run.
 pub struct Meta<'a> {

@@ -11,6 +11,11 @@ use leases::{LeaseKey, LeaseProvider, LeaseSession, Result as LeaseResult, Sessi
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
+use crate::Opts;
+use crate::child::{run_child, write_child_json};
+use crate::measure::{peak_rss_mib, proc_cpu_seconds};
+use crate::stores::store_url;
+
 /// One backend's run.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct SessionRun {
@@ -56,7 +61,7 @@ pub async fn run(
     };
     let ttl = p.capabilities().practical_ttl(ttl);
     let session = LeaseSession::open(Arc::clone(&p), SessionConfig::ttl(ttl)).await?;
-    let cpu_start = crate::proc_cpu_seconds();
+    let cpu_start = proc_cpu_seconds();
     let started = Instant::now();
     let session_ref = &session;
     let results: Vec<_> = futures_util::stream::iter(0..n)
@@ -90,10 +95,10 @@ pub async fn run(
         eprintln!("lease-bench: {backend}: {failed} acquires failed, first: {e}");
     }
     let before = session.stats();
-    let cpu_hold_start = crate::proc_cpu_seconds();
+    let cpu_hold_start = proc_cpu_seconds();
     tokio::time::sleep(hold).await;
     let after = session.stats();
-    let hold_cpu = crate::proc_cpu_seconds() - cpu_hold_start;
+    let hold_cpu = proc_cpu_seconds() - cpu_hold_start;
     let lost = held.iter().filter(|l| l.is_lost()).count() as u64;
     let store_rss = store_rss_mib(url);
     let rounds = after.rounds - before.rounds;
@@ -122,8 +127,8 @@ pub async fn run(
         target_calls: (n as u64).div_ceil(1000) + 1,
         lost,
         hold_cpu_seconds: hold_cpu,
-        cpu_seconds: crate::proc_cpu_seconds() - cpu_start,
-        client_peak_rss_mib: crate::peak_rss_mib(),
+        cpu_seconds: proc_cpu_seconds() - cpu_start,
+        client_peak_rss_mib: peak_rss_mib(),
         store_rss_mib: store_rss,
         release_secs,
     })
@@ -242,4 +247,68 @@ pub fn write(out: &Path, runs: &[SessionRun], smoke: bool) -> std::io::Result<()
     }
     md.push_str(include_str!("sessions_notes.md"));
     std::fs::write(out.join("SESSIONS.md"), md)
+}
+
+/// The sessions section alone: each backend in a fresh process.
+pub(crate) async fn run_sessions(opts: &Opts) {
+    let n = opts
+        .session_leases
+        .unwrap_or(if opts.smoke { 500 } else { 100_000 });
+    let hold =
+        Duration::from_secs(
+            opts.session_hold_secs
+                .unwrap_or(if opts.smoke { 4 } else { 300 }),
+        );
+    let ttl = Duration::from_secs(
+        opts.session_ttl_secs
+            .unwrap_or(if opts.smoke { 3 } else { 30 }),
+    );
+    if let Some(json) = &opts.child_json {
+        let Some(b) = opts.backends.first() else {
+            std::process::exit(2);
+        };
+        eprintln!("lease-bench: {b}: {n} leases in one session, held {hold:?}");
+        let r = match run(b, &store_url(b), n, hold, ttl).await {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("lease-bench: {b} failed: {e}");
+                std::process::exit(1);
+            }
+        };
+        write_child_json(json, &r);
+        return;
+    }
+    let extra = vec![
+        "--sessions".to_string(),
+        "--session-leases".to_string(),
+        n.to_string(),
+        "--session-hold-secs".to_string(),
+        hold.as_secs().to_string(),
+        "--session-ttl-secs".to_string(),
+        ttl.as_secs().to_string(),
+    ];
+    let mut runs = Vec::new();
+    let mut failed = false;
+    for b in &opts.backends {
+        match run_child::<SessionRun>(b, opts.smoke, &extra) {
+            Ok(r) => runs.push(r),
+            Err(e) => {
+                eprintln!("lease-bench: {b} failed: {e}");
+                failed = true;
+            }
+        }
+    }
+    if let Err(e) = write(&opts.out, &runs, opts.smoke) {
+        eprintln!("lease-bench: cannot write the sessions report: {e}");
+        std::process::exit(1);
+    }
+    eprintln!(
+        "lease-bench: wrote {}",
+        opts.out.join("SESSIONS.md").display()
+    );
+    let lost: u64 = runs.iter().map(|r| r.lost).sum();
+    if failed || lost > 0 {
+        eprintln!("lease-bench: {lost} lease(s) lost; see the report");
+        std::process::exit(1);
+    }
 }
