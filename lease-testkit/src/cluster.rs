@@ -315,7 +315,7 @@ impl ZkEnsemble {
                 .expect("write zoo.cfg");
                 OwnedProcess::spawn(
                     &format!("zk-{}", i + 1),
-                    crate::zk_server(),
+                    crate::env::zk_server(),
                     vec!["start-foreground".into(), cfg.display().to_string()],
                     *client,
                     dir,
@@ -392,7 +392,7 @@ impl RedisNodes {
     pub fn start(n: usize) -> Self {
         RedisNodes {
             members: (0..n)
-                .map(|_| crate::redis_in(member_dir("redis-node"), true, &[]))
+                .map(|_| crate::redis::redis_in(member_dir("redis-node"), true, &[]))
                 .collect(),
         }
     }
@@ -494,11 +494,11 @@ impl RedisSentinel {
     /// # Panics
     /// When a process cannot start or the topology is not healthy in 60 s.
     pub fn start(replicas: usize, sentinels: usize) -> Self {
-        let primary = crate::redis_in(member_dir("redis-primary"), true, &[]);
+        let primary = crate::redis::redis_in(member_dir("redis-primary"), true, &[]);
         let primary_port = primary.port().to_string();
         let mut members = vec![primary];
         for _ in 0..replicas {
-            members.push(crate::redis_in(
+            members.push(crate::redis::redis_in(
                 member_dir("redis-replica"),
                 true,
                 &["--replicaof", "127.0.0.1", &primary_port],
@@ -775,8 +775,8 @@ impl PostgresHa {
     /// When a server or the base backup fails, or the standby does not
     /// stream within 60 s.
     pub fn start(synchronous: bool) -> Self {
-        let primary = crate::postgres_primary(synchronous);
-        let standby = crate::postgres_standby(primary.port(), member_dir("pg-standby"));
+        let primary = crate::postgres::postgres_primary(synchronous);
+        let standby = crate::postgres::postgres_standby(primary.port(), member_dir("pg-standby"));
         let ha = PostgresHa {
             members: vec![primary, standby],
             synchronous,
@@ -940,7 +940,7 @@ impl RedisCluster {
         let timeout = CLUSTER_NODE_TIMEOUT.as_millis().to_string();
         let members: Vec<OwnedProcess> = (0..primaries * (1 + replicas))
             .map(|_| {
-                crate::redis_in(
+                crate::redis::redis_in(
                     member_dir("redis-cluster"),
                     true,
                     &[

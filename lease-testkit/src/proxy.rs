@@ -1,0 +1,192 @@
+//! `Proxy`: a loopback TCP proxy a test can cut, heal, blackhole and make
+//! lose one reply.
+
+/// A TCP proxy on loopback that a test can cut and heal, to partition one
+/// client from a server without touching anyone else's connection.
+#[derive(Debug)]
+pub struct Proxy {
+    port: u16,
+    cut: tokio::sync::watch::Sender<bool>,
+    hole: tokio::sync::watch::Sender<u64>,
+    lose: LoseReply,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// The request whose answer [`Proxy::lose_reply_to`] is to lose, shared by
+/// the proxy's connections; taken by the first that forwards it.
+type LoseReply = std::sync::Arc<std::sync::Mutex<Option<Vec<u8>>>>;
+
+/// Copies `from` to `to` until either ends. A chunk that contains the armed
+/// pattern of `lose` disarms it, is forwarded, and sets `swallow`.
+async fn pump_requests(
+    from: &mut tokio::net::tcp::OwnedReadHalf,
+    to: &mut tokio::net::tcp::OwnedWriteHalf,
+    lose: &LoseReply,
+    swallow: &tokio::sync::Notify,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let chunk = &buf[..n];
+        let hit = {
+            let mut armed = lose
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let hit = armed
+                .as_ref()
+                .is_some_and(|p| chunk.windows(p.len().max(1)).any(|w| w == p.as_slice()));
+            if hit {
+                *armed = None;
+            }
+            hit
+        };
+        if to.write_all(chunk).await.is_err() {
+            return;
+        }
+        if hit {
+            swallow.notify_one();
+        }
+    }
+}
+
+/// Copies `from` to `to` until either ends, or, once `swallow` is notified,
+/// reads the server's next answer, drops it and returns (which closes the
+/// connection: the client never sees that answer).
+async fn pump_replies(
+    from: &mut tokio::net::tcp::OwnedReadHalf,
+    to: &mut tokio::net::tcp::OwnedWriteHalf,
+    swallow: &tokio::sync::Notify,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        tokio::select! {
+            biased;
+            () = swallow.notified() => {
+                let _ = from.read(&mut buf).await;
+                return;
+            }
+            r = from.read(&mut buf) => {
+                let n = match r {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                if to.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+impl Proxy {
+    /// Starts forwarding a free loopback port to `127.0.0.1:target`.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime, or if no port can be bound.
+    pub async fn start(target: u16) -> Proxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind proxy port");
+        let port = listener.local_addr().expect("proxy address").port();
+        let (cut, watch) = tokio::sync::watch::channel(false);
+        let (hole, holes) = tokio::sync::watch::channel(0u64);
+        let lose: LoseReply = std::sync::Arc::default();
+        let armed = std::sync::Arc::clone(&lose);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((inbound, _)) = listener.accept().await else {
+                    continue;
+                };
+                if *watch.borrow() {
+                    drop(inbound); // refused while cut
+                    continue;
+                }
+                let mut watch = watch.clone();
+                let mut holes = holes.clone();
+                let generation = *holes.borrow();
+                let lose = std::sync::Arc::clone(&armed);
+                tokio::spawn(async move {
+                    let Ok(outbound) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await
+                    else {
+                        return;
+                    };
+                    let (mut ri, mut wi) = inbound.into_split();
+                    let (mut ro, mut wo) = outbound.into_split();
+                    let swallow = tokio::sync::Notify::new();
+                    let holed = tokio::select! {
+                        () = pump_requests(&mut ri, &mut wo, &lose, &swallow) => false,
+                        () = pump_replies(&mut ro, &mut wi, &swallow) => false,
+                        _ = watch.wait_for(|cut| *cut) => false,
+                        _ = holes.wait_for(|g| *g > generation) => true,
+                    };
+                    if holed {
+                        // Black-holed: both sockets stay open, nothing moves,
+                        // until a cut or the proxy goes away.
+                        let _ = watch.wait_for(|cut| *cut).await;
+                        drop((ri, wi, ro, wo));
+                    }
+                });
+            }
+        });
+        Proxy {
+            port,
+            cut,
+            hole,
+            lose,
+            task,
+        }
+    }
+
+    /// Loses the answer to the next request that contains `pattern` (on
+    /// any connection): the request reaches the server, which carries it
+    /// out, and the connection is closed as its answer arrives, so the
+    /// client sees the connection drop and never learns the outcome.
+    pub fn lose_reply_to(&self, pattern: &[u8]) {
+        *self
+            .lose
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(pattern.to_vec());
+    }
+
+    /// Whether the request armed by [`lose_reply_to`](Self::lose_reply_to)
+    /// has been seen (and its answer lost or being lost).
+    pub fn reply_lost(&self) -> bool {
+        self.lose
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_none()
+    }
+
+    /// Black-holes every connection open now: both sides stay connected and
+    /// nothing they send arrives (no FIN, no RST), as behind a dead network
+    /// path. Connections made later pass normally.
+    pub fn blackhole_open_connections(&self) {
+        self.hole.send_modify(|g| *g += 1);
+    }
+
+    /// The port clients connect to.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Drops every connection and refuses new ones until [`heal`](Self::heal).
+    pub fn cut(&self) {
+        let _ = self.cut.send(true);
+    }
+
+    /// Accepts connections again.
+    pub fn heal(&self) {
+        let _ = self.cut.send(false);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
