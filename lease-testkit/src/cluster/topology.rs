@@ -1,0 +1,70 @@
+//! `Topology`: what every replicated store on loopback offers the tests.
+
+use std::time::{Duration, Instant};
+
+use crate::OwnedProcess;
+
+/// What every topology offers the tests.
+pub trait Topology: Send + Sync {
+    /// The members, in a fixed order.
+    fn members(&self) -> &[OwnedProcess];
+    /// The members, to stop, kill, freeze, thaw or restart one.
+    fn members_mut(&mut self) -> &mut [OwnedProcess];
+    /// The index of the member that leads now, if the store has a leader
+    /// and one is elected.
+    fn leader(&self) -> Option<usize>;
+    /// `Ok` when the running members serve as a whole (a quorum, a leader);
+    /// else which member failed which check, and what it answered.
+    ///
+    /// # Errors
+    /// The first check that failed.
+    fn health(&self) -> Result<(), String>;
+    /// True when [`health`](Self::health) is `Ok`.
+    fn healthy(&self) -> bool {
+        self.health().is_ok()
+    }
+    /// False for a store without a leader (Redlock's independent nodes).
+    fn has_leader(&self) -> bool {
+        true
+    }
+
+    /// Waits until [`healthy`](Self::healthy).
+    ///
+    /// # Panics
+    /// When it is not healthy within `limit`; the message shows the members' logs.
+    fn wait_healthy(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while let Err(why) = self.health() {
+            if Instant::now() >= deadline {
+                let logs: Vec<String> = self
+                    .members()
+                    .iter()
+                    .map(|m| format!("--- {} ---\n{}", m.name(), m.log_tail()))
+                    .collect();
+                panic!(
+                    "the cluster is not healthy after {limit:?}: {why}\n{}",
+                    logs.join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits until a member leads and returns it.
+    ///
+    /// # Panics
+    /// When no member leads within `limit`.
+    fn wait_leader(&self, limit: Duration) -> usize {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(l) = self.leader() {
+                return l;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no leader elected within {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
