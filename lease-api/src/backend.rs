@@ -143,9 +143,10 @@
 pub use crate::caps::{DEFAULT_MAX_TTL, ProbedCapabilities};
 pub use crate::error::BoxError;
 pub use crate::holder::{MAX_HOLDER_BYTES, validate_holder};
+pub use crate::hook::{Answer, Hook, Op, Outcome};
 pub use crate::hub::WatchHub;
 pub use crate::key::{MAX_KEY_BYTES, validate_namespace, validate_purge_prefix};
-pub use crate::layered::{Answer, Hook, Layered, Op, Outcome};
+pub use crate::layered::Layered;
 pub use crate::lease::{LeaseHandle, OwnerId, drift_margin};
 pub use crate::memory::DEFAULT_NAMESPACE;
 pub use crate::observe::ObserveHook;

@@ -115,6 +115,7 @@ mod fair;
 mod fence;
 mod guard;
 mod holder;
+mod hook;
 mod hub;
 mod key;
 mod layered;

@@ -20,7 +20,8 @@ use std::time::Duration;
 
 use tracing::Span;
 
-use crate::layered::{Answer, Hook, Layered, Op, Outcome};
+use crate::hook::{Answer, Hook, Op, Outcome};
+use crate::layered::Layered;
 use crate::record::{call as record_call, error_outcome};
 use crate::{LeaseKey, LeaseProvider, TryAcquire};
 

@@ -1,4 +1,5 @@
-//! No crate of the workspace has a cycle among its top-level modules.
+//! The workspace's layout: no crate has a cycle among its top-level
+//! modules, and no source file outside tests is over 800 lines.
 //!
 //! A module depends on another when its code names `crate::other` (directly,
 //! in a `use crate::{...}` group, or through a name the crate root re-exports
@@ -13,7 +14,10 @@
 //! enum (`std::io::Error` and the paths it reports); breaking it would take
 //! one error type per value type and a conversion at every `?`.
 //!
-//! `.ci/run` runs this test before the rest of the suite.
+//! A file over 800 lines does more than one job: split it by job, as the
+//! adapters are (config, provider, ops, queue, session, watch).
+//!
+//! `.ci/run` runs these tests before the rest of the suite.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -329,4 +333,34 @@ fn the_checker_sees_a_cycle_through_a_group_and_a_root_reexport() {
     // Without b's call back there is none.
     fs::write(src.join("b.rs"), "pub struct Bee;\n").expect("write");
     assert!(cycles(&graph(src)).is_empty());
+}
+
+/// The longest a source file under a crate's `src/` may be.
+const MAX_SOURCE_LINES: usize = 800;
+
+#[test]
+fn no_source_file_is_over_800_lines() {
+    let mut long = Vec::new();
+    let mut files = 0;
+    for entry in fs::read_dir(workspace()).expect("workspace").flatten() {
+        let src = entry.path().join("src");
+        if !entry.path().join("Cargo.toml").is_file() || !src.is_dir() {
+            continue;
+        }
+        let mut rs = Vec::new();
+        collect_rs(&src, &mut rs);
+        for path in rs {
+            files += 1;
+            let lines = fs::read_to_string(&path).map_or(0, |t| t.lines().count());
+            if lines > MAX_SOURCE_LINES {
+                long.push(format!("{}: {lines} lines", path.display()));
+            }
+        }
+    }
+    assert!(files >= 50, "found only {files} source files to check");
+    assert!(
+        long.is_empty(),
+        "source files over {MAX_SOURCE_LINES} lines:\n{}",
+        long.join("\n")
+    );
 }
