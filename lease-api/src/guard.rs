@@ -1,14 +1,16 @@
 //! `LeaseGuard`: keeps a lease alive while a job runs and says when it is lost (C11).
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::ops::Deref;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
+use crate::held::{HeldLease, LostReason, Shared, lock};
 use crate::time::deadline_after;
-use crate::{FencingToken, Lease, LeaseError, LeaseKey, LeaseProvider, Result};
+use crate::{Lease, LeaseError, LeaseProvider, Result};
 
 /// How a [`LeaseGuard`] renews. Start from `GuardConfig::default()` and change
 /// what you need:
@@ -67,92 +69,6 @@ impl GuardConfig {
     }
 }
 
-/// Why a guard's lease was lost.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum LostReason {
-    /// The store said this owner no longer holds the key (it expired or was
-    /// taken over).
-    Revoked,
-    /// Renewals kept failing until the lease's local validity ran out; it must be
-    /// assumed gone. The text is the last renewal error.
-    Expired(String),
-    /// The [`LeaseSession`](crate::LeaseSession) holding the lease was closed
-    /// or dropped; its leases are released (on close) or run out by their TTL.
-    Closed,
-}
-
-impl std::fmt::Display for LostReason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            LostReason::Revoked => {
-                f.write_str("the store says another holder has it or it expired")
-            }
-            LostReason::Expired(e) => {
-                write!(
-                    f,
-                    "renewal failed until local validity ran out (last error: {e})"
-                )
-            }
-            LostReason::Closed => f.write_str("the lease session was closed"),
-        }
-    }
-}
-
-/// One held lease and its lost signal, as a guard or a session keeps it.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub(crate) lease: Mutex<Lease>,
-    pub(crate) reason: Mutex<Option<LostReason>>,
-    pub(crate) lost: CancellationToken,
-    /// The last renewal error, for the reason if validity runs out (sessions).
-    pub(crate) last_error: Mutex<Option<String>>,
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A poisoned lock only means another thread panicked while holding it; the
-    // data (a lease, a reason) is still consistent.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-impl Shared {
-    pub(crate) fn new(lease: Lease) -> Self {
-        Shared {
-            lease: Mutex::new(lease),
-            reason: Mutex::new(None),
-            lost: CancellationToken::new(),
-            last_error: Mutex::new(None),
-        }
-    }
-
-    pub(crate) fn fire(&self, reason: LostReason) {
-        lock(&self.reason).get_or_insert(reason);
-        self.lost.cancel();
-    }
-
-    pub(crate) fn lease(&self) -> Lease {
-        lock(&self.lease).clone()
-    }
-
-    pub(crate) fn key(&self) -> LeaseKey {
-        lock(&self.lease).key().clone()
-    }
-
-    pub(crate) fn token(&self) -> FencingToken {
-        lock(&self.lease).token()
-    }
-
-    pub(crate) async fn lost(&self) -> LostReason {
-        self.lost.cancelled().await;
-        self.lost_reason()
-            .unwrap_or_else(|| LostReason::Expired("unknown".into()))
-    }
-
-    pub(crate) fn lost_reason(&self) -> Option<LostReason> {
-        lock(&self.reason).clone()
-    }
-}
-
 /// Holds a lease: renews it in the background and fires a lost signal the job
 /// can select on (C11).
 ///
@@ -186,7 +102,7 @@ impl Shared {
 #[derive(Debug)]
 pub struct LeaseGuard {
     provider: Arc<dyn LeaseProvider>,
-    shared: Arc<Shared>,
+    held: HeldLease,
     stop: CancellationToken,
     task: Option<JoinHandle<()>>,
     keep_on_drop: bool,
@@ -238,47 +154,11 @@ impl LeaseGuard {
         ));
         LeaseGuard {
             provider,
-            shared,
+            held: HeldLease::new(shared),
             stop,
             task: Some(task),
             keep_on_drop: config.keep_on_drop,
         }
-    }
-
-    /// The lease as last renewed.
-    pub fn lease(&self) -> Lease {
-        self.shared.lease()
-    }
-
-    /// The leased key.
-    pub fn key(&self) -> LeaseKey {
-        self.shared.key()
-    }
-
-    /// The fencing token (renewal keeps it).
-    pub fn token(&self) -> FencingToken {
-        self.shared.token()
-    }
-
-    /// Resolves when the lease is lost, with the reason. Select on it next to
-    /// the job; it never resolves while the lease is held.
-    pub async fn lost(&self) -> LostReason {
-        self.shared.lost().await
-    }
-
-    /// A token cancelled when the lease is lost, to hand to the job.
-    pub fn lost_token(&self) -> CancellationToken {
-        self.shared.lost.clone()
-    }
-
-    /// True once the lost signal has fired.
-    pub fn is_lost(&self) -> bool {
-        self.shared.lost.is_cancelled()
-    }
-
-    /// Why the lease was lost, once it was.
-    pub fn lost_reason(&self) -> Option<LostReason> {
-        self.shared.lost_reason()
     }
 
     async fn stop_renewing(&mut self) {
@@ -287,7 +167,8 @@ impl LeaseGuard {
             // The loop ends at its next await point; a panic in it is reported
             // as lost, never propagated.
             if task.await.is_err() {
-                self.shared
+                self.held
+                    .shared
                     .fire(LostReason::Expired("the renewal task failed".into()));
             }
         }
@@ -311,6 +192,16 @@ impl LeaseGuard {
         self.stop_renewing().await;
         self.keep_on_drop = true;
         self.lease()
+    }
+}
+
+/// A guard reads as the lease it holds: `guard.token()`, `guard.lost()`,
+/// `guard.lease()` and the rest are [`HeldLease`]'s.
+impl Deref for LeaseGuard {
+    type Target = HeldLease;
+
+    fn deref(&self) -> &HeldLease {
+        &self.held
     }
 }
 

@@ -114,6 +114,7 @@ mod error;
 mod fair;
 mod fence;
 mod guard;
+mod held;
 mod holder;
 mod hook;
 mod hub;
@@ -147,7 +148,8 @@ pub use caps::{
 };
 pub use error::{LeaseError, Result};
 pub use fence::{FenceGate, StaleToken};
-pub use guard::{GuardConfig, LeaseGuard, LostReason};
+pub use guard::{GuardConfig, LeaseGuard};
+pub use held::{HeldLease, LostReason};
 pub use holder::{holder, set_holder};
 pub use key::LeaseKey;
 pub use lease::{FencingToken, Lease, LeaseInfo, TryAcquire};

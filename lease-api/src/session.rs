@@ -9,7 +9,7 @@ use futures_util::StreamExt;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::guard::{Shared, lock};
+use crate::held::{HeldLease, Shared, lock};
 use crate::session_adapters::{PerLeaseStore, SessionAcquirer};
 use crate::session_renew::renew_loop;
 use crate::session_state::{Added, Inner};
@@ -172,7 +172,7 @@ impl LeaseSession {
         self.inner.added.notify_one();
         SessionLease {
             id,
-            shared,
+            held: HeldLease::new(shared),
             session: Arc::clone(&self.inner),
             done: false,
         }

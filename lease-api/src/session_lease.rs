@@ -2,11 +2,9 @@
 
 use std::sync::Arc;
 
-use tokio_util::sync::CancellationToken;
-
-use crate::guard::{Shared, lock};
+use crate::Result;
+use crate::held::{HeldLease, lock};
 use crate::session_state::Inner;
-use crate::{FencingToken, Lease, LeaseKey, LostReason, Result};
 
 /// One lease of a [`LeaseSession`](crate::LeaseSession): its token, its key and its own lost signal.
 ///
@@ -17,47 +15,12 @@ use crate::{FencingToken, Lease, LeaseKey, LostReason, Result};
 #[derive(Debug)]
 pub struct SessionLease {
     pub(crate) id: u64,
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) held: HeldLease,
     pub(crate) session: Arc<Inner>,
     pub(crate) done: bool,
 }
 
 impl SessionLease {
-    /// The lease as last renewed.
-    pub fn lease(&self) -> Lease {
-        self.shared.lease()
-    }
-
-    /// The leased key.
-    pub fn key(&self) -> LeaseKey {
-        self.shared.key()
-    }
-
-    /// The fencing token (renewal keeps it).
-    pub fn token(&self) -> FencingToken {
-        self.shared.token()
-    }
-
-    /// Resolves when this lease is lost, with the reason.
-    pub async fn lost(&self) -> LostReason {
-        self.shared.lost().await
-    }
-
-    /// A token cancelled when this lease is lost, to hand to the job.
-    pub fn lost_token(&self) -> CancellationToken {
-        self.shared.lost.clone()
-    }
-
-    /// True once the lost signal has fired.
-    pub fn is_lost(&self) -> bool {
-        self.shared.lost.is_cancelled()
-    }
-
-    /// Why the lease was lost, once it was.
-    pub fn lost_reason(&self) -> Option<LostReason> {
-        self.shared.lost_reason()
-    }
-
     /// Takes the lease out of the session and releases it in the store; the
     /// session's other leases stay held.
     ///
@@ -69,6 +32,16 @@ impl SessionLease {
         lock(&self.session.leases).remove(&self.id);
         let lease = self.lease();
         self.session.store.release(&lease).await
+    }
+}
+
+/// A session's lease reads as the lease it holds: `lease.token()`,
+/// `lease.lost()` and the rest are [`HeldLease`]'s.
+impl std::ops::Deref for SessionLease {
+    type Target = HeldLease;
+
+    fn deref(&self) -> &HeldLease {
+        &self.held
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use futures_util::StreamExt;
 use tokio::time::{Instant, sleep_until};
 
-use crate::guard::{Shared, lock};
+use crate::held::{Shared, lock};
 use crate::session_config::Timing;
 use crate::session_state::Inner;
 use crate::time::deadline_after;

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::LeaseProvider;
-use crate::guard::Shared;
+use crate::held::Shared;
 use crate::session_adapters::SessionAcquirer;
 use crate::session_store::SessionStore;
 
