@@ -318,27 +318,7 @@ async fn a_session_key_deleted_during_a_renewal_is_lost_in_that_renewal() {
         .await
         .unwrap()
         .expect("free key");
-    let mut raw = etcd_client::Client::connect([store_url("LEASE_TEST_ETCD_URL")], None)
-        .await
-        .unwrap();
-    // The lease's etcd key, the namespace's one that ends with its name.
-    let found = raw
-        .get(
-            format!("lease/{ns}/"),
-            Some(
-                etcd_client::GetOptions::new()
-                    .with_prefix()
-                    .with_keys_only(),
-            ),
-        )
-        .await
-        .unwrap();
-    let store_key = found
-        .kvs()
-        .iter()
-        .map(|kv| kv.key().to_vec())
-        .find(|key| key.ends_with(b"deleted-behind-its-back"))
-        .expect("the lease's key");
+    let (raw, store_key) = raw_client_and_key(&ns, "deleted-behind-its-back").await;
     // Round 1 deletes the key right after its keep-alive; round 2 notes
     // whether round 1 already called it lost.
     let rounds = Arc::new(AtomicU32::new(0));
@@ -397,26 +377,7 @@ async fn a_key_deleted_during_an_extend_fails_that_extend() {
         TryAcquire::Acquired(l) => l,
         other => panic!("free key: {other:?}"),
     };
-    let mut raw = etcd_client::Client::connect([store_url("LEASE_TEST_ETCD_URL")], None)
-        .await
-        .unwrap();
-    let found = raw
-        .get(
-            format!("lease/{ns}/"),
-            Some(
-                etcd_client::GetOptions::new()
-                    .with_prefix()
-                    .with_keys_only(),
-            ),
-        )
-        .await
-        .unwrap();
-    let store_key = found
-        .kvs()
-        .iter()
-        .map(|kv| kv.key().to_vec())
-        .find(|key| key.ends_with(b"deleted-during-extend"))
-        .expect("the lease's key");
+    let (raw, store_key) = raw_client_and_key(&ns, "deleted-during-extend").await;
     let deletes = Arc::new(AtomicU32::new(0));
     let d = Arc::clone(&deletes);
     p.set_after_keep_alive(Arc::new(move || {
@@ -433,4 +394,30 @@ async fn a_key_deleted_during_an_extend_fails_that_extend() {
         matches!(extended, Err(LeaseError::Lost { .. })),
         "an extend whose key was deleted after its keep-alive must fail as lost: {extended:?}"
     );
+}
+
+/// A client of the test store and the etcd key of lease `name` in namespace
+/// `ns` (the namespace's one that ends with the name).
+async fn raw_client_and_key(ns: &str, name: &str) -> (etcd_client::Client, Vec<u8>) {
+    let mut raw = etcd_client::Client::connect([store_url("LEASE_TEST_ETCD_URL")], None)
+        .await
+        .unwrap();
+    let found = raw
+        .get(
+            format!("lease/{ns}/"),
+            Some(
+                etcd_client::GetOptions::new()
+                    .with_prefix()
+                    .with_keys_only(),
+            ),
+        )
+        .await
+        .unwrap();
+    let key = found
+        .kvs()
+        .iter()
+        .map(|kv| kv.key().to_vec())
+        .find(|key| key.ends_with(name.as_bytes()))
+        .expect("the lease's key");
+    (raw, key)
 }
