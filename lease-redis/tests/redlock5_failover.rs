@@ -101,3 +101,67 @@ async fn a_majority_restarted_from_its_aof_keeps_tokens_growing() {
     );
     p.release(&after).await.unwrap();
 }
+
+/// A renewal that a majority decided still reaches the slow node: its call
+/// runs to its end after the vote closed. The slow node here has also lost
+/// its script cache (as after a restart), so its first answer is NOSCRIPT
+/// and the client must send the script itself; a call dropped when the vote
+/// closed never does, and the lease would live on only the fastest majority
+/// (then losing a minority of nodes can take it, as losing_two_of_five...
+/// once did under load).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extend_reaches_a_node_that_answers_after_the_majority() {
+    let nodes = tokio::task::spawn_blocking(|| RedisNodes::start(3))
+        .await
+        .unwrap();
+    let urls = nodes.urls();
+    let p = RedlockProvider::new(RedlockConfig::new(urls.clone()).namespace(unique("straggler")))
+        .unwrap();
+    let ttl = p.capabilities().practical_ttl(Duration::from_secs(6));
+    let k = LeaseKey::new("straggler").unwrap();
+    let lease = until_ok(|| p.try_acquire(&k, ttl))
+        .await
+        .into_lease()
+        .expect("the key is free");
+    let mut slow = redis::Client::open(urls[2].as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async::<()>(&mut slow)
+        .await
+        .unwrap();
+    // Half the TTL passes: a copy the extend did not reach has at most half left.
+    tokio::time::sleep(ttl / 2).await;
+    nodes.members()[2].freeze();
+    let renewed = p.extend(&lease, ttl).await;
+    // Node 2 answers only after the other two decided the vote (its call
+    // waits up to the node timeout, a tenth of the TTL).
+    nodes.members()[2].thaw();
+    let renewed = renewed.expect("two of three nodes renewed it");
+    p.flush(Duration::from_secs(10)).await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*straggler*")
+        .query_async(&mut slow)
+        .await
+        .unwrap();
+    let mut longest = -2i64;
+    for key in &keys {
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(key)
+            .query_async(&mut slow)
+            .await
+            .unwrap();
+        longest = longest.max(pttl);
+    }
+    let floor = i64::try_from((ttl * 3 / 4).as_millis()).unwrap();
+    assert!(
+        longest > floor,
+        "the slow node's copy was not extended: {longest} ms left of {ttl:?} (keys {keys:?}); \
+         renewed until {:?}",
+        renewed.valid_until()
+    );
+    p.release(&renewed).await.unwrap();
+}

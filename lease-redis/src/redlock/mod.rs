@@ -4,9 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use futures_util::future::join_all;
-use futures_util::stream::FuturesUnordered;
 use lease_api::backend::{bounded, validate_namespace};
 use lease_api::{
     Capabilities, ExpiryClock, Failover, FailoverTokens, LeaseError, LeaseKey, Result,
@@ -196,26 +194,28 @@ impl RedlockProvider {
     /// Runs a yes/no script on every node in parallel, each bounded by
     /// `limit`, and returns as soon as the outcome is decided: a majority said
     /// yes, or a majority said no. A slow node does not hold up a decided
-    /// vote; its late answer changes nothing the caller relies on.
-    async fn vote<'a, F, Fut>(&'a self, limit: Duration, f: F) -> Vote
+    /// vote, but its call still runs to its end in its own task: a renewal
+    /// must reach every node it can, or the lease would live on only the
+    /// fastest majority, and losing a minority of nodes could then take it.
+    /// (A dropped call may never have been sent, or may stop after the
+    /// server's `NOSCRIPT` before it sends the script itself.)
+    async fn vote<F, Fut>(&self, limit: Duration, f: F) -> Vote
     where
-        F: Fn(&'a Node) -> Fut,
-        Fut: std::future::Future<Output = Result<i64>>,
+        F: Fn(Arc<Inner>, usize) -> Fut,
+        Fut: std::future::Future<Output = Result<i64>> + Send + 'static,
     {
         let quorum = self.inner.quorum;
-        let mut pending: FuturesUnordered<_> = self
-            .inner
-            .nodes
-            .iter()
-            .enumerate()
-            .map(|(i, n)| {
-                let call = f(n);
-                async move {
-                    let r = bounded("a Redlock node", limit, call, |e| e).await;
-                    (i, r)
-                }
-            })
-            .collect();
+        let n = self.inner.nodes.len();
+        let (tx, mut rx) = tokio::sync::mpsc::channel(n);
+        for i in 0..n {
+            let call = f(Arc::clone(&self.inner), i);
+            let tx = tx.clone();
+            self.inner.cleanups.spawn(async move {
+                let r = bounded("a Redlock node", limit, call, |e| e).await;
+                let _ = tx.send((i, r)).await;
+            });
+        }
+        drop(tx);
         let mut vote = Vote {
             yes: 0,
             answered: vec![false; self.inner.nodes.len()],
@@ -225,10 +225,9 @@ impl RedlockProvider {
         // Close early only on a decided outcome: a majority said yes, or a
         // majority said no. Errors and silent nodes leave it open, since a
         // node that errs may still hold the lease.
-        let n = self.inner.nodes.len();
         let mut no = 0;
         while vote.yes < quorum && no <= n - quorum {
-            match pending.next().await {
+            match rx.recv().await {
                 Some((i, Ok(answer))) => {
                     vote.answered[i] = true;
                     if answer == 1 {

@@ -75,12 +75,21 @@ impl LeaseProvider for RedlockProvider {
         let (lease_key, _) = self.keys(lease.key());
         let held = held_by(lease);
         let ttl_ms = millis(ttl).to_string();
-        let keys = [lease_key.as_str()];
-        let args = [held.as_str(), ttl_ms.as_str()];
         let sent_at = Instant::now();
         let limit = self.node_timeout(ttl);
         let Vote { yes, errors, .. } = self
-            .vote(limit, |n| n.eval::<i64>(&EXTEND, &keys, &args))
+            .vote(limit, |inner, i| {
+                let (lease_key, held, ttl_ms) = (lease_key.clone(), held.clone(), ttl_ms.clone());
+                async move {
+                    inner.nodes[i]
+                        .eval::<i64>(
+                            &EXTEND,
+                            &[lease_key.as_str()],
+                            &[held.as_str(), ttl_ms.as_str()],
+                        )
+                        .await
+                }
+            })
             .await;
         let renewed = lease.renewed(ttl, sent_at);
         if yes >= self.inner.quorum && Instant::now() < renewed.valid_until() {
