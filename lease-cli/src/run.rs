@@ -139,6 +139,12 @@ pub(crate) async fn run(
         }
         Err(e) => return fail(error_code(&e), describe(&e)),
     };
+    // From here on SIGTERM, SIGINT and SIGHUP stop the command and release
+    // the key. Registered before the command starts: a signal that came
+    // after it started and before registration killed this process outright
+    // and left the key held until its TTL (a signal that comes before the
+    // command starts is acted on as soon as it runs).
+    let mut signals = Signals::new();
     // The slot is claimed under the lease, so a run still going from an
     // earlier slot is never overlapped, and a run that finds the key held
     // leaves the slot to the one that holds it.
@@ -208,7 +214,6 @@ pub(crate) async fn run(
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let mut signals = Signals::new();
     let mut stopping: Option<(u8, String)> = None;
     let exit = loop {
         tokio::select! {
