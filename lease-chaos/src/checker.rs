@@ -523,6 +523,7 @@ mod tests {
             start: 20 * MS,
             end: 20 * MS,
             note: String::new(),
+            wall_step_ns: None,
         };
         assert_eq!(check(&events, &[], &[], 0, 2000 * MS).validity_overlaps, 1);
         assert_eq!(
@@ -558,12 +559,13 @@ mod tests {
             release(a, 90),
             release(b, 140),
         ];
-        let step = |at_ms: u64, note: &str| Fault {
+        let step = |at_ms: u64, step_ms: i64| Fault {
             kind: crate::clock::WALL_CLOCK_STEP.into(),
             victim: None,
             start: at_ms * MS,
             end: at_ms * MS + MS,
-            note: note.into(),
+            note: format!("{step_ms:+} ms"),
+            wall_step_ns: Some(step_ms * 1_000_000),
         };
         let explained = |faults: &[Fault]| {
             let c = check(&events, &[], faults, 0, 200 * MS);
@@ -571,20 +573,12 @@ mod tests {
             c.validity_overlaps_in_wall_steps
         };
         assert_eq!(explained(&[]), 0);
-        assert_eq!(explained(&[step(20, "+45.0 ms")]), 1);
+        assert_eq!(explained(&[step(20, 45)]), 1);
+        assert_eq!(explained(&[step(20, 30)]), 0, "smaller than the overlap");
+        assert_eq!(explained(&[step(20, -45)]), 0, "backwards");
+        assert_eq!(explained(&[step(60, 45)]), 0, "after the later grant");
         assert_eq!(
-            explained(&[step(20, "+30.0 ms")]),
-            0,
-            "smaller than the overlap"
-        );
-        assert_eq!(explained(&[step(20, "-45.0 ms")]), 0, "backwards");
-        assert_eq!(
-            explained(&[step(60, "+45.0 ms")]),
-            0,
-            "after the later grant"
-        );
-        assert_eq!(
-            explained(&[step(10, "+25.0 ms"), step(30, "+20.0 ms")]),
+            explained(&[step(10, 25), step(30, 20)]),
             1,
             "two steps add up"
         );
@@ -630,6 +624,7 @@ mod tests {
                 start: 20 * MS,
                 end: 20 * MS,
                 note: String::new(),
+                wall_step_ns: None,
             },
             Fault {
                 kind: "crash".into(),
@@ -637,6 +632,7 @@ mod tests {
                 start: 160 * MS,
                 end: 160 * MS,
                 note: String::new(),
+                wall_step_ns: None,
             },
         ];
         let c = check(&events, &[], &faults, 0, 200 * MS);

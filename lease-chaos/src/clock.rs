@@ -58,6 +58,7 @@ fn steps_between(prev: (u64, i64), now: (u64, i64)) -> Option<Fault> {
         start: prev.0,
         end: now.0,
         note: format!("{:+.1} ms", delta as f64 / 1e6),
+        wall_step_ns: Some(delta),
     })
 }
 
@@ -113,16 +114,10 @@ pub fn forward_steps_ns(faults: &[Fault], from: u64, to: u64) -> u64 {
     faults
         .iter()
         .filter(|f| f.kind == WALL_CLOCK_STEP && f.end > from && f.start < to)
-        .filter_map(|f| step_ns(&f.note))
+        .filter_map(|f| f.wall_step_ns)
         .filter(|ns| *ns > 0)
         .map(|ns| ns.unsigned_abs())
         .sum()
-}
-
-/// The step a fault's note records, in nanoseconds.
-fn step_ns(note: &str) -> Option<i64> {
-    let ms: f64 = note.strip_suffix(" ms")?.parse().ok()?;
-    Some((ms * 1e6) as i64)
 }
 
 #[cfg(test)]
@@ -141,23 +136,25 @@ mod tests {
 
     #[test]
     fn only_forward_steps_inside_the_window_count() {
-        let step = |start, end, note: &str| Fault {
+        let step = |start, end, ms: i64| Fault {
             kind: WALL_CLOCK_STEP.into(),
             victim: None,
             start,
             end,
-            note: note.into(),
+            note: format!("{ms:+} ms"),
+            wall_step_ns: Some(ms * 1_000_000),
         };
         let faults = vec![
-            step(100, 110, "+300.0 ms"),
-            step(200, 210, "-50.0 ms"),
-            step(500, 510, "+80.0 ms"),
+            step(100, 110, 300),
+            step(200, 210, -50),
+            step(500, 510, 80),
             Fault {
                 kind: "pause".into(),
                 victim: Some(1),
                 start: 100,
                 end: 400,
                 note: "+999.0 ms".into(),
+                wall_step_ns: None,
             },
         ];
         assert_eq!(forward_steps_ns(&faults, 0, 300), 300_000_000);

@@ -199,6 +199,7 @@ impl Nemesis<'_> {
                     start: begin,
                     end,
                     note,
+                    wall_step_ns: None,
                 }
             }
             FaultKind::LeaderKill | FaultKind::LeaderPause => {
@@ -245,6 +246,7 @@ impl Nemesis<'_> {
                     start: begin,
                     end,
                     note: format!("member {leader}"),
+                    wall_step_ns: None,
                 }
             }
             FaultKind::StorePause => {
@@ -262,6 +264,7 @@ impl Nemesis<'_> {
                     start: begin,
                     end: mono_ns(),
                     note: String::new(),
+                    wall_step_ns: None,
                 }
             }
             FaultKind::Minority => {
@@ -287,6 +290,7 @@ impl Nemesis<'_> {
                     start: begin,
                     end: mono_ns(),
                     note: format!("nodes {cut:?}, {}", if reset { "reset" } else { "resume" }),
+                    wall_step_ns: None,
                 }
             }
             FaultKind::ClockJump | FaultKind::NodeWipe => {
@@ -325,6 +329,7 @@ impl Nemesis<'_> {
                             start: begin,
                             end: mono_ns(),
                             note: format!("node {c} (no holder for {})", kind.name()),
+                            wall_step_ns: None,
                         }),
                         None => Injection::Skipped,
                     });
@@ -342,6 +347,7 @@ impl Nemesis<'_> {
                     start: begin,
                     end: mono_ns(),
                     note: format!("node {k}, cut {cut:?}, {touched} keys"),
+                    wall_step_ns: None,
                 }
             }
         };

@@ -161,4 +161,8 @@ pub struct Fault {
     pub end: u64,
     /// A note (how the partition healed, which node).
     pub note: String,
+    /// For an observed step of the host's wall clock (see
+    /// [`crate::clock`]): the step, in nanoseconds (positive: forward).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wall_step_ns: Option<i64>,
 }
