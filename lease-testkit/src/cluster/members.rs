@@ -5,35 +5,11 @@ use std::process::Command;
 
 use crate::{OwnedProcess, TempDir};
 
-/// This process's directory for member data: `lease-cluster-<pid>` in the
-/// temporary directory. A suite keeps its cluster in a `static`, which is
-/// never dropped, so the first call also removes the directories of
-/// processes that are gone.
+/// A directory for one member's data, in the test kit's per-process
+/// directory (swept by later processes, since a suite keeps its cluster in a
+/// `static` that is never dropped).
 pub(super) fn member_dir(prefix: &str) -> TempDir {
-    static ROOT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-    let root = ROOT.get_or_init(|| {
-        let tmp = std::env::temp_dir();
-        if let Ok(entries) = std::fs::read_dir(&tmp) {
-            for e in entries.flatten() {
-                let name = e.file_name().to_string_lossy().into_owned();
-                let Some(pid) = name
-                    .strip_prefix("lease-cluster-")
-                    .and_then(|p| p.parse::<i32>().ok())
-                else {
-                    continue;
-                };
-                let gone = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
-                    == Err(nix::errno::Errno::ESRCH);
-                if gone {
-                    let _ = std::fs::remove_dir_all(e.path());
-                }
-            }
-        }
-        let root = tmp.join(format!("lease-cluster-{}", std::process::id()));
-        std::fs::create_dir_all(&root).expect("create the cluster data directory");
-        root
-    });
-    TempDir::new_in(root, prefix)
+    TempDir::new(prefix)
 }
 
 /// `127.0.0.1:P1,127.0.0.1:P2,...`: the ports of `processes` on loopback.
