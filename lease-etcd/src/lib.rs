@@ -55,9 +55,13 @@
 //! - **Token** = the key's create revision, which etcd assigns from one global,
 //!   durable counter: tokens grow across every acquisition, every client and
 //!   every restart of the cluster.
-//! - **Extend** with the same TTL is one keep-alive; with another TTL, a new etcd
+//! - **Extend** with the same TTL is one keep-alive, then a read that the key is
+//!   still ours and still on that etcd lease; with another TTL, a new etcd
 //!   lease is granted and attached by a transaction guarded on the key's create
 //!   revision and owner (the put keeps the value), then the old one is revoked.
+//!   When the transaction's answer is lost, a read tells whether it moved the
+//!   key; if that is not known, the new etcd lease is left to run out, never
+//!   revoked under a key it may carry.
 //! - **Release** is a transaction guarded the same way that deletes the key,
 //!   then (in the background) revokes the etcd lease.
 //! - **Waiting** watches the exact key for its deletion (release or expiry).

@@ -56,14 +56,10 @@ impl LeaseProvider for EtcdProvider {
                 return Err(lost());
             }
             self.after_keep_alive().await;
-            let k = self.etcd_key(lease.key());
-            let current = self
-                .call("get", |mut c| async move { c.get(k, None).await })
-                .await;
-            let ours = current?.kvs().first().is_some_and(|kv| {
-                u64::try_from(kv.create_revision()).ok() == Some(lease.token().get())
-                    && parse_value(kv.value()).0 == Some(lease.owner())
-            });
+            // The key must also still be on this etcd lease: an extend to
+            // another TTL whose answer was lost may have moved it to an etcd
+            // lease nobody keeps alive, which runs out whatever we renew here.
+            let ours = self.key_is_on(lease, id).await?;
             if !ours {
                 return Err(lost());
             }
@@ -87,7 +83,22 @@ impl LeaseProvider for EtcdProvider {
         {
             Ok(r) => r,
             Err(e) => {
-                self.revoke_in_background(new_id);
+                // The answer is lost, not necessarily the transaction: it may
+                // have moved the key to `new_id`, and revoking `new_id` would
+                // then delete the key while our lease is still valid (another
+                // client could take it inside our validity). Look: a key on
+                // `new_id` means it committed.
+                if matches!(self.key_is_on(lease, new_id).await, Ok(true)) {
+                    revoke_if_own(self, lease);
+                    return Ok(lease
+                        .renewed(granted, sent_at)
+                        .with_handle(LeaseHandle::EtcdLease(new_id)));
+                }
+                // Not applied yet, or not known: the transaction may still be
+                // in flight, so `new_id` is left to run out by its TTL (never
+                // revoked under a key it may carry). The key stays on the old
+                // etcd lease, or, if the transaction lands later, the next
+                // extend sees it on another lease and reports it lost.
                 return Err(e);
             }
         };

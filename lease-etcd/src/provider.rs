@@ -508,6 +508,20 @@ impl EtcdProvider {
         Ok(TryAcquire::Held { remaining })
     }
 
+    /// Whether `lease`'s key (its token and owner) is now attached to etcd
+    /// lease `id`, by one read.
+    pub(crate) async fn key_is_on(&self, lease: &Lease, id: i64) -> Result<bool> {
+        let k = self.etcd_key(lease.key());
+        let current = self
+            .call("get", |mut c| async move { c.get(k, None).await })
+            .await?;
+        Ok(current.kvs().first().is_some_and(|kv| {
+            u64::try_from(kv.create_revision()).ok() == Some(lease.token().get())
+                && parse_value(kv.value()).0 == Some(lease.owner())
+                && kv.lease() == id
+        }))
+    }
+
     /// One keep-alive of etcd lease `id`: the TTL it now has, 0 when the
     /// lease is gone.
     pub(crate) async fn keep_alive_once(&self, id: i64) -> Result<i64> {

@@ -421,3 +421,88 @@ async fn raw_client_and_key(ns: &str, name: &str) -> (etcd_client::Client, Vec<u
         .expect("the lease's key");
     (raw, key)
 }
+
+/// An extend to another TTL moves the key to a new etcd lease in one
+/// transaction. When that transaction's answer is lost (the connection
+/// drops as etcd answers), the key may already be on the new etcd lease:
+/// revoking it then would delete the key inside the holder's validity.
+/// Whatever the extend answers, nobody else may take the key while the lease
+/// the holder is left with is valid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extend_to_another_ttl_whose_answer_was_lost_keeps_the_key() {
+    let server = owned_etcd();
+    let proxy = lease_testkit::Proxy::start(server.port()).await;
+    let p = EtcdProvider::new(
+        EtcdConfig::new([format!("http://127.0.0.1:{}", proxy.port())]).timeouts(TIMEOUT, TIMEOUT),
+    )
+    .unwrap();
+    let other = private(&server);
+    let name = unique("lost-extend");
+    let k = LeaseKey::new(&name).unwrap();
+    let lease = match p.try_acquire(&k, TTL).await.unwrap() {
+        TryAcquire::Acquired(l) => l,
+        other => panic!("free key: {other:?}"),
+    };
+    // The transaction is the first request after the grant to name the key.
+    proxy.lose_reply_to(name.as_bytes());
+    let extended = p.extend(&lease, TTL * 2).await;
+    assert!(proxy.reply_lost(), "the transaction's answer was not lost");
+    let held = match extended {
+        Ok(l) => {
+            assert_eq!(l.ttl(), TTL * 2, "{l:?}");
+            l
+        }
+        Err(e) => {
+            assert!(e.is_transient(), "a lost answer is no loss: {e:?}");
+            lease
+        }
+    };
+    // A revoke runs in the background within milliseconds: 3 s is far past it.
+    let until = (Instant::now() + Duration::from_secs(3)).min(held.valid_until().into_std());
+    while Instant::now() < until {
+        match other.try_acquire(&k, TTL).await {
+            Ok(TryAcquire::Held { .. }) | Err(_) => {}
+            Ok(TryAcquire::Acquired(l)) => panic!(
+                "another client took the key while the holder's lease was valid for {:?} more: {l:?}",
+                held.valid_until()
+                    .into_std()
+                    .saturating_duration_since(Instant::now())
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A key moved to another etcd lease behind the holder's back (as a lost
+/// extend to another TTL can leave it, on an etcd lease nobody keeps alive)
+/// is not renewed by a keep-alive of the holder's own etcd lease: that
+/// extend fails as lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_on_another_etcd_lease_is_not_renewed_by_a_keep_alive() {
+    let ns = unique("moved_key");
+    let p = shared(&ns);
+    let k = LeaseKey::new("moved").unwrap();
+    let lease = match p.try_acquire(&k, TTL).await.unwrap() {
+        TryAcquire::Acquired(l) => l,
+        other => panic!("free key: {other:?}"),
+    };
+    let (mut raw, store_key) = raw_client_and_key(&ns, "moved").await;
+    let orphan = raw.lease_grant(30, None).await.unwrap().id();
+    raw.put(
+        store_key,
+        "",
+        Some(
+            etcd_client::PutOptions::new()
+                .with_lease(orphan)
+                .with_ignore_value(),
+        ),
+    )
+    .await
+    .unwrap();
+    let extended = p.extend(&lease, lease.ttl()).await;
+    assert!(
+        matches!(extended, Err(LeaseError::Lost { .. })),
+        "a key on another etcd lease must not count as renewed: {extended:?}"
+    );
+    raw.lease_revoke(orphan).await.unwrap();
+}
