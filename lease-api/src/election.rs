@@ -61,6 +61,27 @@ pub struct Election {
     ttl: Duration,
 }
 
+/// What tells two terms apart in [`Election::observe`]: the token, and
+/// the owner id and label where the store keeps them. The token alone is not
+/// enough: a store that lost its token counter (a Redis restarted without
+/// persistence) can hand a new leader a token an observer has already seen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Term {
+    token: FencingToken,
+    owner: Option<crate::backend::OwnerId>,
+    holder: Option<String>,
+}
+
+impl Term {
+    fn of(info: &crate::LeaseInfo) -> Self {
+        Term {
+            token: info.token,
+            owner: info.owner,
+            holder: info.holder.clone(),
+        }
+    }
+}
+
 /// This process's term as leader: a lease renewed in the background.
 #[derive(Debug)]
 pub struct Leadership {
@@ -190,11 +211,7 @@ impl Election {
         let vacancy_poll =
             (self.ttl / 10).clamp(Duration::from_millis(5), Duration::from_millis(100));
         futures_util::stream::unfold(
-            (
-                this,
-                None::<Option<FencingToken>>,
-                Duration::from_millis(100),
-            ),
+            (this, None::<Option<Term>>, Duration::from_millis(100)),
             move |(this, last, mut watch_retry)| async move {
                 loop {
                     // While a leader was last seen: watch first, then look,
@@ -213,8 +230,8 @@ impl Election {
                             return Some((Err(e), (this, last, watch_retry)));
                         }
                     };
-                    let now = info.as_ref().map(|i| i.token);
-                    if last != Some(now) {
+                    let now = info.as_ref().map(Term::of);
+                    if last.as_ref() != Some(&now) {
                         let leader = info.map(|i| Leader {
                             holder: i.holder,
                             token: i.token,
