@@ -315,6 +315,17 @@ impl PostgresProvider {
             if !has_mark {
                 sqlx::query(&sql.waiters.add_mark).execute(&mut *tx).await?;
             }
+            let has_mark_index: bool = sqlx::query_scalar(&sql.waiters.has_mark_index)
+                .fetch_one(&mut *tx)
+                .await?;
+            if !has_mark_index {
+                sqlx::query(&sql.waiters.dedupe_marks)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(&sql.waiters.mark_index)
+                    .execute(&mut *tx)
+                    .await?;
+            }
             let has_holder: bool = sqlx::query_scalar(&sql.has_holder)
                 .fetch_one(&mut *tx)
                 .await?;

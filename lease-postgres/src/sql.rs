@@ -46,6 +46,11 @@ pub(crate) struct WaiterStatements {
     /// Tables made before tickets had marks get the column.
     pub has_mark: String,
     pub add_mark: String,
+    /// One ticket per mark: the duplicates an older version could leave
+    /// go, then the unique index a join's `ON CONFLICT` relies on.
+    pub dedupe_marks: String,
+    pub has_mark_index: String,
+    pub mark_index: String,
     pub join: String,
     pub place: String,
     pub live: String,
@@ -57,7 +62,13 @@ pub(crate) struct WaiterStatements {
 /// The name of the waiters' table of `table`: `<table>_waiters`, or for
 /// long names a readable prefix and a hash, within 63 bytes.
 fn waiters_name(table: &str) -> String {
-    let full = format!("{table}_waiters");
+    bounded_name(table, "waiters")
+}
+
+/// `<table>_<suffix>`, or for long names a readable prefix of `table` and a
+/// hash of the whole, within PostgreSQL's 63 bytes.
+fn bounded_name(table: &str, suffix: &str) -> String {
+    let full = format!("{table}_{suffix}");
     if full.len() <= 63 {
         return full;
     }
@@ -65,7 +76,12 @@ fn waiters_name(table: &str) -> String {
     for b in full.bytes() {
         h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
     }
-    format!("{}_{h:016x}_waiters", &table[..38])
+    let keep = 63 - 18 - suffix.len();
+    let mut cut = keep.min(table.len());
+    while !table.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}_{h:016x}_{suffix}", &table[..cut])
 }
 
 impl WaiterStatements {
@@ -89,20 +105,29 @@ impl WaiterStatements {
                 w.replace('\'', "''")
             ),
             add_mark: format!("ALTER TABLE {w} ADD COLUMN IF NOT EXISTS mark bigint NOT NULL DEFAULT 0"),
-            // A join again with a live ticket's mark ($4: a retry after a
-            // lost answer) renews that ticket instead of queueing behind it.
+            dedupe_marks: format!(
+                "DELETE FROM {w} a USING {w} b
+                  WHERE a.mark <> 0 AND a.namespace = b.namespace AND a.key = b.key
+                    AND a.mark = b.mark AND a.seq > b.seq"
+            ),
+            has_mark_index: format!(
+                "SELECT to_regclass('\"{schema}\".\"{}\"') IS NOT NULL",
+                bounded_name(table, "waiters_mark").replace('\'', "''")
+            ),
+            mark_index: format!(
+                "CREATE UNIQUE INDEX IF NOT EXISTS \"{}\" ON {w} (namespace, key, mark) WHERE mark <> 0",
+                bounded_name(table, "waiters_mark")
+            ),
+            // A join again with a ticket's mark ($4: a retry after a lost
+            // answer) renews that ticket instead of queueing behind it, even
+            // while the first join is still running: the unique index makes
+            // the second wait for the first and then renew its row.
             join: format!(
-                "WITH renewed AS (
-                    UPDATE {w} SET expires_at = clock_timestamp() + $3::bigint * interval '1 microsecond'
-                     WHERE {live} AND mark = $4
-                     RETURNING seq
-                 ), joined AS (
-                    INSERT INTO {w} (namespace, key, mark, expires_at)
-                    SELECT $1, $2, $4, clock_timestamp() + $3::bigint * interval '1 microsecond'
-                     WHERE NOT EXISTS (SELECT 1 FROM renewed)
-                    RETURNING seq
-                 )
-                 SELECT seq FROM renewed UNION ALL SELECT seq FROM joined"
+                "INSERT INTO {w} (namespace, key, mark, expires_at)
+                 VALUES ($1, $2, $4, clock_timestamp() + $3::bigint * interval '1 microsecond')
+                 ON CONFLICT (namespace, key, mark) WHERE mark <> 0
+                 DO UPDATE SET expires_at = EXCLUDED.expires_at
+                 RETURNING seq"
             ),
             // Drops the dead tickets of the key nobody else is dropping (SKIP
             // LOCKED: no waits, no deadlocks between waiters), then answers
@@ -283,6 +308,24 @@ mod tests {
             let err = validate_identifier("table", bad).unwrap_err().to_string();
             assert!(err.contains("invalid table"), "{err}");
         }
+    }
+
+    #[test]
+    fn derived_names_fit_and_keep_their_old_form() {
+        assert_eq!(waiters_name("leases"), "leases_waiters");
+        let long = "t".repeat(63);
+        let w = waiters_name(&long);
+        assert_eq!(w.len(), 63);
+        assert!(
+            w.starts_with(&"t".repeat(38)) && w.ends_with("_waiters"),
+            "{w}"
+        );
+        let i = bounded_name(&long, "waiters_mark");
+        assert!(i.len() <= 63 && i.ends_with("_waiters_mark"), "{i}");
+        assert_ne!(
+            bounded_name(&long, "waiters_mark"),
+            bounded_name(&"u".repeat(63), "waiters_mark")
+        );
     }
 
     #[test]

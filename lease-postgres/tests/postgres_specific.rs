@@ -711,3 +711,77 @@ async fn a_fair_acquire_whose_join_answer_was_lost_does_not_wait_behind_its_own_
     })
     .await;
 }
+
+/// A join retried with the same mark while the first join is still running
+/// (its answer lost, its INSERT not yet committed) must not make a second
+/// ticket: the retry waits for the first and renews its row. The first
+/// join's INSERT is held open here in a transaction of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_retried_while_the_first_is_in_flight_makes_one_ticket() {
+    let (p, waiters) = own_table("inflight_join");
+    let queue = p.wait_queue().expect("PostgreSQL has a queue of waiters");
+    let k = LeaseKey::new(unique("inflight-join")).unwrap();
+    // Made once, so the table and its index exist.
+    let warm = queue.join(&k, TTL, Ticket::random_mark()).await.unwrap();
+    queue.leave(&warm).await.unwrap();
+    let pool = p.pool().unwrap();
+    let mark = Ticket::random_mark();
+    let mark_sql = i64::from_ne_bytes(mark.to_ne_bytes());
+    let mut first = pool.begin().await.unwrap();
+    let first_seq: i64 = sqlx::query_scalar(&format!(
+        "INSERT INTO {waiters} (namespace, key, mark, expires_at)
+         VALUES ($1, $2, $3, clock_timestamp() + interval '30 seconds') RETURNING seq"
+    ))
+    .bind(p.namespace())
+    .bind(k.as_str())
+    .bind(mark_sql)
+    .fetch_one(&mut *first)
+    .await
+    .unwrap();
+    let retry = {
+        let (queue_p, k) = (p.clone(), k.clone());
+        tokio::spawn(async move {
+            let queue = queue_p.wait_queue().expect("queue");
+            queue.join(&k, TTL, mark).await
+        })
+    };
+    // Until the retry waits on the first join's row (or, without the
+    // unique index, has already made its own ticket).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !retry.is_finished() {
+        let waiting: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+              WHERE wait_event_type = 'Lock' AND query LIKE '%ON CONFLICT%')",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        if waiting {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the retry neither waited nor ended"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    first.commit().await.unwrap();
+    let retried = retry.await.unwrap().unwrap();
+    let rows: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM {waiters} WHERE key = $1 AND mark = $2"
+    ))
+    .bind(k.as_str())
+    .bind(mark_sql)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(rows, 1, "two tickets for one join");
+    assert_eq!(retried.seq(), u64::try_from(first_seq).unwrap());
+    sqlx::query(&format!(
+        "DROP TABLE {waiters}, {}",
+        waiters.replace("_waiters", "")
+    ))
+    .execute(pool)
+    .await
+    .unwrap();
+}
