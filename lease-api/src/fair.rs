@@ -32,10 +32,14 @@ use crate::{Lease, LeaseError, LeaseKey, Result};
 /// fair acquire never holds the line up for its TTL.
 struct Held<P: LeaseProvider + ?Sized + 'static> {
     provider: Arc<P>,
+    key: LeaseKey,
     ticket: Option<Ticket>,
     /// The mark of the next join: kept after a join that failed, whose
     /// ticket the store may have made, so its retry finds that ticket.
     mark: u64,
+    /// The last join failed and none succeeded since: the store may hold a
+    /// ticket of `mark` that this waiter never heard of.
+    join_failed: bool,
 }
 
 impl<P: LeaseProvider + ?Sized + 'static> Held<P> {
@@ -50,29 +54,56 @@ impl<P: LeaseProvider + ?Sized + 'static> Held<P> {
     /// Leaves the queue in the background, retrying a store that does not
     /// answer for a while (on ZooKeeper a ticket lives as long as the
     /// session, so a leave that failed would hold the line up).
+    ///
+    /// Without a ticket, but after a join whose answer was lost, it joins
+    /// once more with that join's mark (which finds or replaces the ticket
+    /// the store may have made) and leaves that: a waiter that gives up
+    /// right after a lost answer leaves no ticket nobody refreshes, which
+    /// on ZooKeeper would stand in line for the whole session.
     fn leave_now(&mut self) {
-        let Some(ticket) = self.ticket.take() else {
+        let ticket = self.ticket.take();
+        let lost_join = std::mem::take(&mut self.join_failed);
+        if ticket.is_none() && !lost_join {
             return;
-        };
+        }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
         let provider = Arc::clone(&self.provider);
+        let (key, mark) = (self.key.clone(), self.mark);
         runtime.spawn(async move {
             let Some(queue) = provider.wait_queue() else {
                 return;
             };
+            let mut ticket = ticket;
             let mut pause = Duration::from_millis(100);
             for _ in 0..8 {
-                match queue.leave(&ticket).await {
+                let t = match ticket.take() {
+                    Some(t) => t,
+                    None => match queue.join(&key, MIN_TICKET_TTL, mark).await {
+                        Ok(t) => t,
+                        Err(e) if e.is_transient() => {
+                            tracing::debug!(key = %key, error = %e, "could not clear a lost join's ticket yet; retrying");
+                            tokio::time::sleep(pause).await;
+                            pause = (pause * 2).min(Duration::from_secs(5));
+                            continue;
+                        }
+                        Err(e) => {
+                            tracing::warn!(key = %key, error = %e, "could not clear a lost join's ticket; it ends with its TTL or session");
+                            return;
+                        }
+                    },
+                };
+                ticket = Some(t.clone());
+                match queue.leave(&t).await {
                     Ok(()) => return,
                     Err(e) if e.is_transient() => {
-                        tracing::debug!(key = %ticket.key(), error = %e, "could not leave the queue of waiters yet; retrying");
+                        tracing::debug!(key = %key, error = %e, "could not leave the queue of waiters yet; retrying");
                         tokio::time::sleep(pause).await;
                         pause = (pause * 2).min(Duration::from_secs(5));
                     }
                     Err(e) => {
-                        tracing::warn!(key = %ticket.key(), error = %e, "could not leave the queue of waiters; the ticket ends with its TTL or session");
+                        tracing::warn!(key = %key, error = %e, "could not leave the queue of waiters; the ticket ends with its TTL or session");
                         return;
                     }
                 }
@@ -141,8 +172,10 @@ where
     let refresh_every = (ticket_ttl / 3).max(Duration::from_millis(1));
     let mut held = Held {
         provider: Arc::clone(provider),
+        key: key.clone(),
         ticket: None,
         mark: Ticket::random_mark(),
+        join_failed: false,
     };
     let mut backoff = Duration::from_millis(50);
     loop {
@@ -209,7 +242,9 @@ where
         }
         // On an error the mark stays: the retry finds a ticket the lost
         // answer may have made, instead of queueing behind it.
+        held.join_failed = true;
         let ticket = join(provider, key, ticket_ttl, held.mark).await?;
+        held.join_failed = false;
         held.mark = Ticket::random_mark();
         held.ticket = Some(ticket);
     }

@@ -294,6 +294,25 @@ async fn a_fair_acquire_whose_join_answer_was_lost_does_not_wait_behind_its_own_
     .await;
 }
 
+/// The answer to a fair waiter's join is lost (the connection drops after
+/// etcd stored the ticket's key) just as its wait runs out, so it never retries: it must still
+/// clear the ticket the store made. (The etcd provider already removes a
+/// lost join's ticket itself; this checks the end state every backend owes.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_acquire_that_ends_after_a_lost_join_leaves_no_ticket() {
+    let server = owned_etcd();
+    let proxy = lease_testkit::Proxy::start(server.port()).await;
+    let p = EtcdProvider::new(
+        EtcdConfig::new([format!("http://127.0.0.1:{}", proxy.port())]).timeouts(TIMEOUT, TIMEOUT),
+    )
+    .unwrap();
+    // The join's put is the first request with a key under the key's queue prefix.
+    lease_testkit::assert_a_join_lost_as_the_wait_ends_leaves_no_ticket(Arc::new(p), &proxy, |k| {
+        format!("\0q/{}\0/", k.as_str()).into_bytes()
+    })
+    .await;
+}
+
 /// A key deleted behind a session's back between its keep-alive and its
 /// read of the keys on its etcd lease is reported lost in that renewal, not
 /// renewed for one more round.

@@ -712,6 +712,28 @@ async fn a_fair_acquire_whose_join_answer_was_lost_does_not_wait_behind_its_own_
     .await;
 }
 
+/// The answer to a fair waiter's join is lost (the connection drops after
+/// the INSERT committed) just as its wait runs out, so it never retries: it must still
+/// clear the ticket the store made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_acquire_that_ends_after_a_lost_join_leaves_no_ticket() {
+    let server = owned_postgres();
+    let proxy = lease_testkit::Proxy::start(server.port()).await;
+    let p = PostgresProvider::new(
+        PostgresConfig::new(format!(
+            "postgres://postgres@127.0.0.1:{}/postgres",
+            proxy.port()
+        ))
+        .timeouts(TIMEOUT, TIMEOUT),
+    )
+    .unwrap();
+    // The join is the first statement that carries the key.
+    lease_testkit::assert_a_join_lost_as_the_wait_ends_leaves_no_ticket(Arc::new(p), &proxy, |k| {
+        k.as_str().as_bytes().to_vec()
+    })
+    .await;
+}
+
 /// A join retried with the same mark while the first join is still running
 /// (its answer lost, its INSERT not yet committed) must not make a second
 /// ticket: the retry waits for the first and renews its row. The first

@@ -991,3 +991,21 @@ async fn a_fair_acquire_whose_join_answer_was_lost_does_not_wait_behind_its_own_
     })
     .await;
 }
+
+/// The answer to a fair waiter's join is lost (the connection drops after
+/// Redis ran the script) just as its wait runs out, so it never retries: it must still
+/// clear the ticket the store made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_acquire_that_ends_after_a_lost_join_leaves_no_ticket() {
+    let server = owned_redis(false);
+    let proxy = lease_testkit::Proxy::start(server.port()).await;
+    let p = RedisProvider::new(
+        RedisConfig::new(format!("redis://127.0.0.1:{}", proxy.port())).timeouts(TIMEOUT, TIMEOUT),
+    )
+    .unwrap();
+    // The join is the first request that names the key's queue counter.
+    lease_testkit::assert_a_join_lost_as_the_wait_ends_leaves_no_ticket(Arc::new(p), &proxy, |k| {
+        format!("{}}}:queue-counter", k.as_str()).into_bytes()
+    })
+    .await;
+}

@@ -187,3 +187,44 @@ pub async fn assert_a_lost_join_answer_costs_no_wait(
     assert_line_empty(&*p, &key, Duration::from_secs(2)).await;
     p.release(&lease).await.expect("release");
 }
+
+/// The answer to a fair waiter's join is lost as its wait runs out: `proxy`
+/// (between `p` and its store) forwards the first request that contains
+/// `pattern(key)` (the join's, for a key held by another), drops the
+/// connection as the answer arrives and refuses new ones, so the waiter
+/// cannot retry before its wait ends. The store made the ticket; the waiter
+/// never heard of it. Once the proxy heals, that ticket must go within 4 s
+/// (far below its TTL, and on ZooKeeper it would live as long as the
+/// session): the waiter clears what its lost join may have made.
+///
+/// # Panics
+/// When the answer was never lost, the acquire got the held key, or a ticket
+/// stayed in line.
+pub async fn assert_a_join_lost_as_the_wait_ends_leaves_no_ticket(
+    p: std::sync::Arc<dyn lease_api::LeaseProvider>,
+    proxy: &Proxy,
+    pattern: impl Fn(&lease_api::LeaseKey) -> Vec<u8>,
+) {
+    use lease_api::{AcquireOptions, LeaseKey, acquire};
+    let ttl = Duration::from_secs(30);
+    let fair = |wait| AcquireOptions::ttl(ttl).wait(wait).fair();
+    let key = LeaseKey::new(unique("join-at-deadline")).expect("key");
+    // The key's queue used once first (scripts loaded, statements prepared,
+    // the key's nodes made), then the key held, so the fair acquire joins.
+    let lease = until_ok(|| acquire(&p, &key, fair(Duration::from_secs(5))))
+        .await
+        .expect("a free key");
+    assert_line_empty(&*p, &key, Duration::from_secs(5)).await;
+    proxy.lose_reply_to_then_cut(&pattern(&key));
+    let got = acquire(&p, &key, fair(Duration::from_millis(1500))).await;
+    assert!(proxy.reply_lost(), "the join's answer was never lost");
+    assert!(
+        !matches!(got, Ok(Some(_))),
+        "the fair acquire got a held key: {got:?}"
+    );
+    proxy.heal();
+    // The client reconnects first.
+    until_ok(|| p.inspect(&key)).await;
+    assert_line_empty(&*p, &key, Duration::from_secs(4)).await;
+    until_ok(|| p.release(&lease)).await;
+}

@@ -27,8 +27,8 @@ mod tls;
 mod zk;
 
 pub use assertions::{
-    assert_a_lost_join_answer_costs_no_wait, assert_denied, assert_handoff_is_notified,
-    assert_line_empty, until_ok,
+    assert_a_join_lost_as_the_wait_ends_leaves_no_ticket, assert_a_lost_join_answer_costs_no_wait,
+    assert_denied, assert_handoff_is_notified, assert_line_empty, until_ok,
 };
 pub use env::{HOW_TO_START, pg_bindir, store_url};
 pub use etcd::{etcdctl_tls, owned_etcd, owned_etcd_tls};

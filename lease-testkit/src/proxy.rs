@@ -6,15 +6,16 @@
 #[derive(Debug)]
 pub struct Proxy {
     port: u16,
-    cut: tokio::sync::watch::Sender<bool>,
+    cut: std::sync::Arc<tokio::sync::watch::Sender<bool>>,
     hole: tokio::sync::watch::Sender<u64>,
     lose: LoseReply,
     task: tokio::task::JoinHandle<()>,
 }
 
-/// The request whose answer [`Proxy::lose_reply_to`] is to lose, shared by
-/// the proxy's connections; taken by the first that forwards it.
-type LoseReply = std::sync::Arc<std::sync::Mutex<Option<Vec<u8>>>>;
+/// The request whose answer [`Proxy::lose_reply_to`] is to lose, and
+/// whether the proxy is cut once it is lost, shared by the proxy's
+/// connections; taken by the first that forwards it.
+type LoseReply = std::sync::Arc<std::sync::Mutex<Option<(Vec<u8>, bool)>>>;
 
 /// Copies `from` to `to` until either ends. A chunk that contains the armed
 /// pattern of `lose` disarms it, is forwarded, and sets `swallow`.
@@ -23,6 +24,7 @@ async fn pump_requests(
     to: &mut tokio::net::tcp::OwnedWriteHalf,
     lose: &LoseReply,
     swallow: &tokio::sync::Notify,
+    then_cut: &std::sync::atomic::AtomicBool,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = vec![0u8; 64 * 1024];
@@ -38,9 +40,9 @@ async fn pump_requests(
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             let hit = armed
                 .as_ref()
-                .is_some_and(|p| chunk.windows(p.len().max(1)).any(|w| w == p.as_slice()));
-            if hit {
-                *armed = None;
+                .is_some_and(|(p, _)| chunk.windows(p.len().max(1)).any(|w| w == p.as_slice()));
+            if hit && let Some((_, cut)) = armed.take() {
+                then_cut.store(cut, std::sync::atomic::Ordering::SeqCst);
             }
             hit
         };
@@ -55,11 +57,14 @@ async fn pump_requests(
 
 /// Copies `from` to `to` until either ends, or, once `swallow` is notified,
 /// reads the server's next answer, drops it and returns (which closes the
-/// connection: the client never sees that answer).
+/// connection: the client never sees that answer), cutting the proxy
+/// first when `then_cut` says so.
 async fn pump_replies(
     from: &mut tokio::net::tcp::OwnedReadHalf,
     to: &mut tokio::net::tcp::OwnedWriteHalf,
     swallow: &tokio::sync::Notify,
+    then_cut: &std::sync::atomic::AtomicBool,
+    cut: &tokio::sync::watch::Sender<bool>,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = vec![0u8; 64 * 1024];
@@ -68,6 +73,9 @@ async fn pump_replies(
             biased;
             () = swallow.notified() => {
                 let _ = from.read(&mut buf).await;
+                if then_cut.load(std::sync::atomic::Ordering::SeqCst) {
+                    let _ = cut.send(true);
+                }
                 return;
             }
             r = from.read(&mut buf) => {
@@ -94,6 +102,8 @@ impl Proxy {
             .expect("bind proxy port");
         let port = listener.local_addr().expect("proxy address").port();
         let (cut, watch) = tokio::sync::watch::channel(false);
+        let cut = std::sync::Arc::new(cut);
+        let cutter = std::sync::Arc::clone(&cut);
         let (hole, holes) = tokio::sync::watch::channel(0u64);
         let lose: LoseReply = std::sync::Arc::default();
         let armed = std::sync::Arc::clone(&lose);
@@ -110,6 +120,7 @@ impl Proxy {
                 let mut holes = holes.clone();
                 let generation = *holes.borrow();
                 let lose = std::sync::Arc::clone(&armed);
+                let cutter = std::sync::Arc::clone(&cutter);
                 tokio::spawn(async move {
                     let Ok(outbound) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await
                     else {
@@ -118,9 +129,10 @@ impl Proxy {
                     let (mut ri, mut wi) = inbound.into_split();
                     let (mut ro, mut wo) = outbound.into_split();
                     let swallow = tokio::sync::Notify::new();
+                    let then_cut = std::sync::atomic::AtomicBool::new(false);
                     let holed = tokio::select! {
-                        () = pump_requests(&mut ri, &mut wo, &lose, &swallow) => false,
-                        () = pump_replies(&mut ro, &mut wi, &swallow) => false,
+                        () = pump_requests(&mut ri, &mut wo, &lose, &swallow, &then_cut) => false,
+                        () = pump_replies(&mut ro, &mut wi, &swallow, &then_cut, &cutter) => false,
                         _ = watch.wait_for(|cut| *cut) => false,
                         _ = holes.wait_for(|g| *g > generation) => true,
                     };
@@ -150,7 +162,17 @@ impl Proxy {
         *self
             .lose
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(pattern.to_vec());
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((pattern.to_vec(), false));
+    }
+
+    /// As [`lose_reply_to`](Self::lose_reply_to), and the proxy is
+    /// [cut](Self::cut) as the answer is lost: the client cannot retry until
+    /// [`heal`](Self::heal), whatever its timing.
+    pub fn lose_reply_to_then_cut(&self, pattern: &[u8]) {
+        *self
+            .lose
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((pattern.to_vec(), true));
     }
 
     /// Whether the request armed by [`lose_reply_to`](Self::lose_reply_to)

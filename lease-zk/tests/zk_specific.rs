@@ -582,3 +582,19 @@ async fn a_fair_acquire_whose_join_answer_was_lost_does_not_wait_behind_its_own_
     })
     .await;
 }
+
+/// The answer to a fair waiter's join is lost (the connection drops after
+/// ZooKeeper made the node) just as its wait runs out, so it never retries: it must still
+/// clear the ticket the store made. (The ZooKeeper provider already removes a
+/// lost join's ticket itself; this checks the end state every backend owes.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_acquire_that_ends_after_a_lost_join_leaves_no_ticket() {
+    let zk = owned_zk();
+    let proxy = Proxy::start(zk.port()).await;
+    let p = ZkProvider::new(on_port(proxy.port())).unwrap();
+    // The join is the first request that creates a node under the key's waiters.
+    lease_testkit::assert_a_join_lost_as_the_wait_ends_leaves_no_ticket(Arc::new(p), &proxy, |k| {
+        format!("{}/waiters/w-", k.as_str()).into_bytes()
+    })
+    .await;
+}
