@@ -8,12 +8,15 @@
 //! when this provider itself issued the lease (same key, owner, token and
 //! epoch) on the session it still talks through, and the lease is still valid
 //! by our clock (conservative against the server's expiry), an unchanged epoch
-//! proves that nobody acquired the key since, and the holder node, if it is
-//! still there, is ours: extend is one multi (check epoch + set data) and
-//! release one multi (check epoch + delete). Anything else (a lease rebuilt
-//! from its parts, one from another provider or namespace, one past its
-//! validity, a new session) takes the path that reads the holder node and
-//! checks owner, token, session and the server's clock first.
+//! proves that nobody acquired the key since its node was made. Epochs start
+//! again when a purge deletes the key node, so the multi also checks the
+//! owner's marker node, made with the holder node and deleted before it by a
+//! purge: with both, the holder node is ours. Extend is one multi (check
+//! epoch + check marker + set data) and release one multi (check epoch +
+//! delete marker + delete holder). Anything else (a lease rebuilt from its
+//! parts, one from another provider or namespace, one past its validity, a
+//! new session) takes the path that reads the holder node and checks owner,
+//! token, session and the server's clock first.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
@@ -94,14 +97,18 @@ impl Issued {
     }
 
     /// The lease was released or lost: no fast path for it any more.
-    pub(crate) fn forget(&self, lease: &Lease) {
+    /// Returns whether it was one this provider issued (same owner and
+    /// token), rather than a lease rebuilt with another token.
+    pub(crate) fn forget(&self, lease: &Lease) -> bool {
         let mut t = self.table();
-        if t.by_owner
+        let ours = t
+            .by_owner
             .get(&lease.owner())
-            .is_some_and(|e| e.token == lease.token())
-        {
+            .is_some_and(|e| e.token == lease.token());
+        if ours {
             t.by_owner.remove(&lease.owner());
         }
+        ours
     }
 
     #[cfg(test)]

@@ -87,22 +87,29 @@
 //! ## Extend and release
 //!
 //! Every acquisition bumps the persistent key node's version (the epoch, kept in
-//! the lease). A lease this provider acquired, on the session it still talks
-//! through, and still valid by our clock, is extended with one multi
-//! `check(key node, epoch) + setData(holder)` and released with one
-//! `check(key node, epoch) + delete(holder)`: one round trip each. The
-//! provider remembers what it issued (key, owner, token, epoch, session), so a
-//! lease rebuilt with another owner or token, or one from another provider,
-//! never takes this path. `purge_namespaces` deletes key nodes, so their
-//! epochs start again: like every backend's purge (tokens restart too), it is
-//! only for namespaces nobody uses any more. Any other lease is read first: extend checks owner,
-//! czxid, session and expiry, then runs `check(key node, epoch) +
-//! setData(holder, version)`; release checks owner and czxid, then runs
-//! `check(key node, epoch) + delete(holder, version)`; release of a lease that already expired
-//! still deletes the node (waiters wake at once) but reports `NotHeld`, like
-//! every backend. A holder node deleted and recreated by a
-//! takeover always comes with a new epoch, so a stale holder can never touch it,
-//! even when node versions happen to match.
+//! the lease) and makes, beside the ephemeral holder node, an empty ephemeral
+//! marker named after the owner id. A lease this provider acquired, on the
+//! session it still talks through, and still valid by our clock, is extended
+//! with one multi `check(key node, epoch) + check(marker) + setData(holder)`
+//! and released with one `check(key node, epoch) + delete(marker) +
+//! delete(holder)`: one round trip each. The provider remembers what it
+//! issued (key, owner, token, epoch, session), so a lease rebuilt with
+//! another owner or token, or one from another provider, never takes this
+//! path. The marker is there for `purge_namespaces`: it deletes key nodes, so
+//! epochs start again and a new holder's can equal an old holder's; the old
+//! holder's marker is gone (a purge deletes markers before holder nodes), so
+//! its one-multi extend fails as lost and its release as not held, never
+//! touching the new holder's node. Any other lease is read first: extend
+//! checks owner, czxid, session and expiry, then runs
+//! `check(key node, epoch) + setData(holder, version)`; release checks owner
+//! and czxid, then runs
+//! `check(key node, epoch) + delete(holder, version)` and removes the marker
+//! after; release of a lease that already expired still deletes the node
+//! (waiters wake at once) but reports `NotHeld`, like every backend. A holder
+//! node deleted and recreated by a takeover always comes with a new epoch, so
+//! a stale holder can never touch it, even when node versions happen to
+//! match; its left-over marker is removed when it learns the lease is gone,
+//! or with its session.
 //!
 //! ## Sessions
 //!

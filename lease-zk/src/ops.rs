@@ -26,15 +26,16 @@ impl ZkProvider {
             return Err(lost());
         };
         let sent_at = Instant::now();
-        // The holder's new data, and the holder version it must still have.
+        // The holder's new data, and the holder version it must still have
+        // (`None`: our marker must still be there instead).
         let (data, holder_version) =
             if self
                 .inner
                 .issued
                 .fast_path(lease, epoch, client.session_id().0)
             {
-                // One of ours, on this session, valid: the epoch check alone
-                // proves nobody acquired since (see `issued`).
+                // One of ours, on this session, valid: the epoch and our
+                // marker prove nobody acquired since (see `issued`).
                 (holder_data(lease.owner(), ttl, lease.holder()), None)
             } else {
                 let (current, now) = tokio::join!(
@@ -64,9 +65,14 @@ impl ZkProvider {
                 let label = label.as_deref().unwrap_or(lease.holder());
                 (holder_data(owner, ttl, label), Some(stat.version))
             };
+        let marker = paths.marker(lease.owner());
         let mut w = client.new_multi_writer();
         if let Err(e) = w
             .add_check_version(&paths.key, epoch)
+            .and_then(|()| match holder_version {
+                Some(_) => Ok(()),
+                None => w.add_check_version(&marker, 0),
+            })
             .and_then(|()| w.add_set_data(&paths.holder, &data, holder_version))
         {
             return Err(self.map_err(e));
@@ -101,8 +107,8 @@ impl ZkProvider {
                 .issued
                 .fast_path(lease, epoch, client.session_id().0)
             {
-                // One of ours, on this session, valid: the epoch check alone
-                // proves nobody acquired since (see `issued`).
+                // One of ours, on this session, valid: the epoch and our
+                // marker prove nobody acquired since (see `issued`).
                 (None, false)
             } else {
                 // Key node versions repeat across keys and namespaces: check that the
@@ -129,6 +135,10 @@ impl ZkProvider {
         let mut w = client.new_multi_writer();
         if let Err(e) = w
             .add_check_version(&paths.key, epoch)
+            .and_then(|()| match holder_version {
+                Some(_) => Ok(()),
+                None => w.add_delete(&paths.marker(lease.owner()), Some(0)),
+            })
             .and_then(|()| w.add_delete(&paths.holder, holder_version))
         {
             return Err(self.map_err(e));
@@ -137,8 +147,14 @@ impl ZkProvider {
             .bounded("release", async { w.commit().await.map_err(multi_err) })
             .await?
         {
-            Ok(_) if expired => Err(not_held()),
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                // The one-multi release took the marker with it; a checked
+                // release leaves it to remove.
+                if holder_version.is_some() {
+                    self.drop_marker_in_background(lease.key(), lease.owner());
+                }
+                if expired { Err(not_held()) } else { Ok(()) }
+            }
             Err(ZkError::BadVersion | ZkError::NoNode) => Err(not_held()),
             Err(e) => Err(self.map_err(e)),
         }
@@ -162,7 +178,7 @@ impl ZkProvider {
         let data = holder_data(owner, recorded, &label);
         for _ in 0..4 {
             let sent_at = Instant::now();
-            match self.claim(&client, &paths, &data, None).await? {
+            match self.claim(&client, &paths, (owner, &data), None).await? {
                 Ok((zxid, epoch)) => {
                     let granted = (zxid, epoch, client.session_timeout(), client.session_id().0);
                     return Ok(TryAcquire::Acquired(
@@ -198,7 +214,10 @@ impl ZkProvider {
                 epoch,
                 holder_version: stat.version,
             };
-            match self.claim(&client, &paths, &data, Some(judged)).await? {
+            match self
+                .claim(&client, &paths, (owner, &data), Some(judged))
+                .await?
+            {
                 Ok((zxid, epoch)) => {
                     let granted = (zxid, epoch, client.session_timeout(), client.session_id().0);
                     return Ok(TryAcquire::Acquired(
@@ -234,7 +253,13 @@ impl LeaseProvider for ZkProvider {
         let extended = self.extend_once(lease, ttl).await;
         match &extended {
             Ok(renewed) => self.inner.issued.renewed(renewed),
-            Err(LeaseError::Lost { .. }) => self.inner.issued.forget(lease),
+            Err(LeaseError::Lost { .. }) => {
+                // Only a lease we issued: a lease rebuilt with our owner id
+                // and another token must not remove the holder's marker.
+                if self.inner.issued.forget(lease) {
+                    self.drop_marker_in_background(lease.key(), lease.owner());
+                }
+            }
             Err(_) => {}
         }
         extended
@@ -245,7 +270,13 @@ impl LeaseProvider for ZkProvider {
         // After a transient error the lease may still be held: a retry keeps
         // its fast path.
         if matches!(released, Ok(()) | Err(LeaseError::NotHeld { .. })) {
-            self.inner.issued.forget(lease);
+            let issued = self.inner.issued.forget(lease);
+            if issued && released.is_err() {
+                // Ours, taken over or purged: its marker may be left. (Only
+                // a lease we issued: one rebuilt with our owner id and another
+                // token must not remove the holder's marker.)
+                self.drop_marker_in_background(lease.key(), lease.owner());
+            }
         }
         released
     }

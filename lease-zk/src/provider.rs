@@ -94,6 +94,16 @@ pub(crate) struct Paths {
     pub(crate) holder: String,
 }
 
+impl Paths {
+    /// The owner's marker: an empty ephemeral node beside the holder node,
+    /// made in the acquire's multi and removed with the holder. A one-multi
+    /// extend or release checks it: the epoch alone repeats after a purge
+    /// deleted the key node (see `issued`).
+    pub(crate) fn marker(&self, owner: OwnerId) -> String {
+        format!("{}/o-{}", self.key, owner.to_hex())
+    }
+}
+
 pub(crate) fn holder_data(owner: OwnerId, ttl: Duration, label: &str) -> Vec<u8> {
     format!("{}:{}:{label}", owner.to_hex(), ttl.as_millis()).into_bytes()
 }
@@ -421,7 +431,11 @@ impl ZkProvider {
                 .bounded("list", client.list_children(&nodes[i]))
                 .await?
             {
-                Ok(children) => {
+                Ok(mut children) => {
+                    // Deleted in reverse: a key's markers go before its
+                    // holder node, so no old holder's one-multi extend or
+                    // release still passes once a new holder can exist.
+                    children.sort_by_key(|c| c != "holder");
                     let parent = nodes[i].clone();
                     nodes.extend(children.into_iter().map(|c| format!("{parent}/{c}")));
                 }
@@ -522,7 +536,7 @@ impl ZkProvider {
         &self,
         client: &Client,
         paths: &Paths,
-        data: &[u8],
+        (owner, data): (OwnerId, &[u8]),
         take_over: Option<Judged>,
     ) -> Result<Result<(i64, i32), ZkError>> {
         let mut w = client.new_multi_writer();
@@ -536,6 +550,7 @@ impl ZkProvider {
                 w.add_delete(&paths.holder, Some(judged.holder_version))?;
             }
             w.add_create(&paths.holder, data, &ephemeral)?;
+            w.add_create(&paths.marker(owner), b"", &ephemeral)?;
             w.add_set_data(&paths.key, b"", None)
         })();
         if let Err(e) = built {
@@ -551,7 +566,7 @@ impl ZkProvider {
                 // order, so an owner-guarded delete sent now runs after it.
                 self.remove_if_ours_in_background(
                     client.clone(),
-                    paths.holder.clone(),
+                    (paths.holder.clone(), paths.marker(owner)),
                     data.to_vec(),
                 );
                 return Err(e);
@@ -571,12 +586,13 @@ impl ZkProvider {
         }))
     }
 
-    /// Deletes the holder node if it carries `data` (our owner), after a claim
-    /// whose outcome is unknown; in the background, on the same session.
+    /// Deletes the holder node if it carries `data` (our owner), and our
+    /// marker, after a claim whose outcome is unknown; in the background, on
+    /// the same session.
     pub(crate) fn remove_if_ours_in_background(
         &self,
         client: Client,
-        holder: String,
+        (holder, marker): (String, String),
         data: Vec<u8>,
     ) {
         // The claim may also run when the connection was dropped and the
@@ -595,9 +611,25 @@ impl ZkProvider {
                     .await
                 {
                     tracing::info!(node = %holder, "removed the holder node of an acquire that had timed out");
-                    return;
+                    break;
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            // The marker of a lease nobody got (its multi committed or not):
+            // requests of one session run in order, so this runs after it.
+            let _ = tokio::time::timeout(Duration::from_secs(1), client.delete(&marker, None)).await;
+        });
+    }
+
+    /// Deletes `owner`'s marker of `key` in the background, once its lease
+    /// is gone (lost, released, or taken over): a marker only serves the
+    /// one-multi path of a lease still held.
+    pub(crate) fn drop_marker_in_background(&self, key: &LeaseKey, owner: OwnerId) {
+        let marker = self.paths(key).marker(owner);
+        let this = self.clone();
+        self.inner.cleanups.spawn(async move {
+            if let Ok(client) = this.client().await {
+                let _ = this.bounded("delete", client.delete(&marker, None)).await;
             }
         });
     }

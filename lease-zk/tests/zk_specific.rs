@@ -598,3 +598,65 @@ async fn a_fair_acquire_that_ends_after_a_lost_join_leaves_no_ticket() {
     })
     .await;
 }
+
+/// A purge deletes the key node, whose version is the acquisition epoch, so
+/// a new acquire after it starts the epochs again: the new holder's epoch
+/// can equal the one the old holder recorded. The old holder's one-multi
+/// extend and release (which check the epoch only, besides its own marker)
+/// must not overwrite or delete the new holder's node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_purge_the_old_holder_can_neither_extend_nor_release_the_new_holders_lease() {
+    let ns = lease_testkit::unique("purged");
+    let config = || ZkConfig::new(store_url("LEASE_TEST_ZK_URL")).namespace(&ns);
+    let old = ZkProvider::new(config()).unwrap();
+    for op in ["extend", "release"] {
+        let k = LeaseKey::new(format!("purged-{op}")).unwrap();
+        let stale = until_ok(|| old.try_acquire(&k, TTL))
+            .await
+            .into_lease()
+            .expect("a free key");
+        let purger = ZkProvider::new(config()).unwrap();
+        assert!(purger.purge_namespaces(&ns).await.unwrap() > 0);
+        // A provider that connects after the purge makes the namespace again.
+        let new = ZkProvider::new(config()).unwrap();
+        let current = until_ok(|| new.try_acquire(&k, TTL))
+            .await
+            .into_lease()
+            .expect("the purged key is free");
+        assert_eq!(
+            current.handle(),
+            stale.handle(),
+            "the test needs the epoch to repeat"
+        );
+        if op == "extend" {
+            let extended = old.extend(&stale, TTL).await;
+            assert!(
+                matches!(extended, Err(LeaseError::Lost { .. })),
+                "the old holder extended after a purge: {extended:?}"
+            );
+        } else {
+            let released = old.release(&stale).await;
+            assert!(
+                matches!(released, Err(LeaseError::NotHeld { .. })),
+                "the old holder released after a purge: {released:?}"
+            );
+        }
+        let info = new
+            .inspect(&k)
+            .await
+            .unwrap()
+            .expect("the new holder's lease");
+        assert_eq!(
+            info.owner,
+            Some(current.owner()),
+            "{op} touched the new holder's node"
+        );
+        assert_eq!(info.token, current.token());
+        new.extend(&current, TTL)
+            .await
+            .expect("the new holder extends");
+        new.release(&current)
+            .await
+            .expect("the new holder releases");
+    }
+}
