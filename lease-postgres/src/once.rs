@@ -13,6 +13,9 @@ use crate::sql::validate_identifier;
 /// The table once-claims live in unless told otherwise.
 pub const CLAIMS_TABLE: &str = "lease_claims";
 
+/// How many times `claim_once` sends its claim when answers are lost.
+const CLAIM_ATTEMPTS: u32 = 3;
+
 /// A won claim: the caller that got it is the only one for its slot.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -103,15 +106,22 @@ impl OnceClaims {
         OnceClaims {
             provider: provider.clone(),
             // A row whose retention ran out is taken over in place; the
-            // sequence is drawn on conflicts too, which only leaves gaps.
+            // sequence is drawn on conflicts too, which only leaves gaps. A
+            // row with this call's claim id ($6) is its own earlier attempt,
+            // whose answer was lost: it answers with that row, unchanged
+            // (and waits for that attempt if it is still running).
             claim: format!(
-                "INSERT INTO {t} AS c (namespace, resource, slot, token, holder, claimed_at, expires_at)
+                "INSERT INTO {t} AS c (namespace, resource, slot, token, holder, claimed_at, expires_at, claim_id)
                  VALUES ($1, $2, $3, nextval('{seq}'), $4, clock_timestamp(),
-                         clock_timestamp() + $5::bigint * interval '1 microsecond')
+                         clock_timestamp() + $5::bigint * interval '1 microsecond', $6)
                  ON CONFLICT (namespace, resource, slot) DO UPDATE
-                    SET token = EXCLUDED.token, holder = EXCLUDED.holder,
-                        claimed_at = EXCLUDED.claimed_at, expires_at = EXCLUDED.expires_at
-                  WHERE c.expires_at IS NOT NULL AND c.expires_at <= clock_timestamp()
+                    SET token = CASE WHEN c.claim_id = EXCLUDED.claim_id THEN c.token ELSE EXCLUDED.token END,
+                        holder = CASE WHEN c.claim_id = EXCLUDED.claim_id THEN c.holder ELSE EXCLUDED.holder END,
+                        claimed_at = CASE WHEN c.claim_id = EXCLUDED.claim_id THEN c.claimed_at ELSE EXCLUDED.claimed_at END,
+                        expires_at = CASE WHEN c.claim_id = EXCLUDED.claim_id THEN c.expires_at ELSE EXCLUDED.expires_at END,
+                        claim_id = EXCLUDED.claim_id
+                  WHERE c.claim_id = EXCLUDED.claim_id
+                     OR (c.expires_at IS NOT NULL AND c.expires_at <= clock_timestamp())
                  RETURNING c.token"
             ),
             holder: format!(
@@ -130,9 +140,11 @@ impl OnceClaims {
             // A role that may only read and write rows can use an existing
             // table: the DDL runs only when something is missing.
             exists: format!(
-                "SELECT to_regclass('{}') IS NOT NULL AND to_regclass('{}') IS NOT NULL",
-                t.replace('\'', "''"),
-                seq.replace('\'', "''")
+                "SELECT to_regclass('{t_lit}') IS NOT NULL AND to_regclass('{}') IS NOT NULL
+                    AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('{t_lit}')
+                                   AND attname = 'claim_id' AND NOT attisdropped)",
+                seq.replace('\'', "''"),
+                t_lit = t.replace('\'', "''"),
             ),
             migrate: create_schema
                 .chain([
@@ -149,6 +161,8 @@ impl OnceClaims {
                         )"
                     ),
                     format!("CREATE SEQUENCE IF NOT EXISTS {seq}"),
+                    // Tables made before claims had ids get the column.
+                    format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS claim_id text NULL"),
                 ])
                 .collect(),
             migrated: std::sync::Arc::new(OnceCell::new()),
@@ -191,12 +205,17 @@ impl OnceClaims {
     /// on the database clock, counted from the claim: choose a retention
     /// longer than the work can take).
     ///
+    /// Each call carries a claim id of its own. When an attempt's answer is
+    /// lost (the connection broke, the statement timed out), the call tries
+    /// again with the same id, three times in all: an attempt that did
+    /// commit then answers with its own claim, never `None`.
+    ///
     /// # Errors
     /// `Config` for an empty or NUL-carrying resource or slot or a zero
-    /// retention; `Unavailable` when the database is down. After an error
-    /// the claim may or may not have been made: call again, and a `None`
-    /// then may be this caller's own earlier win ([`holder`](Self::holder)
-    /// shows whose).
+    /// retention; `Unavailable` when the database stays down through the
+    /// attempts. After that error the claim may or may not have been made:
+    /// calling again is a new claim, whose `None` may be this caller's own
+    /// earlier win ([`holder`](Self::holder) shows whose).
     pub async fn claim_once(
         &self,
         resource: &str,
@@ -211,24 +230,41 @@ impl OnceClaims {
             ));
         }
         self.ready().await?;
-        // On a connection with a server-side statement limit: a claim the
-        // client gave up on does not commit later, unseen.
-        let token: Option<i64> = self
-            .provider
-            .bounded("claim", async {
-                let mut c = self.provider.conns().checkout().await?;
-                let r = sqlx::query_scalar(&self.claim)
-                    .bind(self.provider.namespace_str())
-                    .bind(resource)
-                    .bind(slot)
-                    .bind(&*lease_api::holder())
-                    .bind(retention.map(micros))
-                    .fetch_optional(c.conn())
-                    .await;
-                c.done(&r);
-                r
-            })
-            .await?;
+        let claim_id = lease_api::backend::OwnerId::random().to_hex();
+        let mut pause = Duration::from_millis(100);
+        let mut attempts = 0;
+        let token: Option<i64> = loop {
+            attempts += 1;
+            // On a connection with a server-side statement limit: a claim the
+            // client gave up on does not commit later, unseen; and an attempt
+            // after it waits for it if it is still running (the same row).
+            let answer = self
+                .provider
+                .bounded("claim", async {
+                    let mut c = self.provider.conns().checkout().await?;
+                    let r = sqlx::query_scalar(&self.claim)
+                        .bind(self.provider.namespace_str())
+                        .bind(resource)
+                        .bind(slot)
+                        .bind(&*lease_api::holder())
+                        .bind(retention.map(micros))
+                        .bind(&claim_id)
+                        .fetch_optional(c.conn())
+                        .await;
+                    c.done(&r);
+                    r
+                })
+                .await;
+            match answer {
+                Ok(token) => break token,
+                Err(e) if e.is_transient() && attempts < CLAIM_ATTEMPTS => {
+                    tracing::debug!(resource, slot, error = %e, "a claim's answer was lost; trying again with its id");
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                }
+                Err(e) => return Err(e),
+            }
+        };
         Ok(token.map(|t| OnceClaim {
             token: FencingToken(u64::try_from(t).unwrap_or(0)),
         }))

@@ -453,3 +453,38 @@ async fn exactly_one_of_many_callers_wins_each_slot_for_as_long_as_it_is_kept() 
             .is_some()
     );
 }
+
+/// The answer to a claim is lost (the connection drops as PostgreSQL
+/// answers, after the INSERT committed): the call tries again with its claim
+/// id and gets its own claim, not `None` (which would leave the slot's job to
+/// nobody) and not an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_answer_was_lost_is_still_won_by_its_caller() {
+    let server = lease_testkit::owned_postgres();
+    let proxy = lease_testkit::Proxy::start(server.port()).await;
+    let p = PostgresProvider::new(
+        PostgresConfig::new(format!(
+            "postgres://postgres@127.0.0.1:{}/postgres",
+            proxy.port()
+        ))
+        .namespace(unique("claims")),
+    )
+    .unwrap();
+    let claims = OnceClaims::new(&p);
+    claims.migrate().await.unwrap();
+    let slot = unique("slot");
+    // The claim's statement is the first to carry the slot.
+    proxy.lose_reply_to(slot.as_bytes());
+    let won = claims.claim_once("nightly", &slot, None).await;
+    assert!(proxy.reply_lost(), "the claim's answer was never lost");
+    let won = won
+        .expect("a lost answer is tried again")
+        .expect("the caller's own claim");
+    let holder = claims.holder("nightly", &slot).await.unwrap().unwrap();
+    assert_eq!(holder.token, won.token);
+    assert_eq!(
+        claims.claim_once("nightly", &slot, None).await.unwrap(),
+        None,
+        "a second call is a new claim"
+    );
+}
