@@ -22,6 +22,15 @@
 //! uses its own random namespace and key prefix, and can run concurrently with
 //! the others against one server.
 //!
+//! ## Outages and failovers
+//!
+//! A factory over a server of its own can also implement [`Outage`] (crash,
+//! stop, start again, kill the connections that carry notifications) and
+//! expand the [`outage`] cases with [`outage_tests!`]: unavailability within
+//! the declared time, recovery of the same provider, tokens across a crash,
+//! and waiters that outlive a restart or a killed connection. Replicated
+//! topologies run [`failover::leader_loss`] against their declaration.
+//!
 //! ## Run it against your deployment
 //!
 //! [`run_all`] runs every case and returns a [`Report`] (pass/fail and time per
@@ -33,6 +42,7 @@ mod cases;
 pub mod failover;
 mod fault;
 mod memory;
+pub mod outage;
 
 use std::fmt;
 use std::future::Future;
@@ -46,6 +56,7 @@ use lease_api::{LeaseError, LeaseKey, LeaseProvider};
 pub use cases::CASES;
 pub use fault::{Instrumented, Partition};
 pub use memory::MemoryFactory;
+pub use outage::Outage;
 
 #[doc(hidden)]
 pub use tokio as __tokio;

@@ -24,52 +24,65 @@ fn shared(ns: &str) -> EtcdProvider {
     EtcdProvider::new(EtcdConfig::new([store_url("LEASE_TEST_ETCD_URL")]).namespace(ns)).unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tokens_survive_a_restart_outage_is_unavailable_and_the_client_recovers() {
-    let mut server = owned_etcd();
-    let p = private(&server);
-    assert!(p.capabilities().durable_tokens.is_durable());
-    let k = LeaseKey::new("restart").unwrap();
-    // A fresh server may still be electing itself leader.
-    let first = until_ok(|| p.try_acquire(&k, TTL))
-        .await
-        .into_lease()
-        .unwrap();
-    p.release(&first).await.unwrap();
+/// A private etcd the shared outage cases crash and restart (a watch shares
+/// the client's connection: nothing of its own to kill).
+struct PrivateEtcd(std::sync::Mutex<OwnedProcess>, u16);
 
-    server.kill();
-    let started = Instant::now();
-    let err = p.try_acquire(&k, TTL).await.unwrap_err();
-    assert!(
-        matches!(
-            err,
-            LeaseError::Unavailable { .. } | LeaseError::Timeout { .. }
-        ),
-        "{err:?}"
-    );
-    assert!(
-        started.elapsed() < (TIMEOUT * 2) * 2 + Duration::from_secs(1),
-        "took {:?}",
-        started.elapsed()
-    );
-    assert!(matches!(
-        p.inspect(&k).await,
-        Err(LeaseError::Unavailable { .. } | LeaseError::Timeout { .. })
-    ));
+impl PrivateEtcd {
+    fn start() -> Self {
+        let server = owned_etcd();
+        let port = server.port();
+        PrivateEtcd(std::sync::Mutex::new(server), port)
+    }
 
-    server.start_again();
-    let second = until_ok(|| p.try_acquire(&k, TTL))
-        .await
-        .into_lease()
-        .expect("free after restart");
-    assert!(
-        second.token() > first.token(),
-        "token {} after {}",
-        second.token(),
-        first.token()
-    );
-    p.release(&second).await.unwrap();
+    fn server(&self) -> std::sync::MutexGuard<'_, OwnedProcess> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
+
+#[async_trait::async_trait]
+impl lease_conformance::ProviderFactory for PrivateEtcd {
+    async fn provider(&self, namespace: &str) -> Result<Arc<dyn LeaseProvider>, LeaseError> {
+        Ok(Arc::new(EtcdProvider::new(
+            EtcdConfig::new([format!("http://127.0.0.1:{}", self.1)])
+                .namespace(namespace)
+                .timeouts(TIMEOUT, TIMEOUT),
+        )?))
+    }
+
+    async fn unreachable(&self) -> Result<Arc<dyn LeaseProvider>, LeaseError> {
+        Ok(Arc::new(EtcdProvider::new(
+            EtcdConfig::new(["http://127.0.0.1:1"]).timeouts(TIMEOUT, TIMEOUT),
+        )?))
+    }
+
+    fn unavailable_within(&self) -> Duration {
+        (TIMEOUT * 2) * 2 + Duration::from_secs(1)
+    }
+}
+
+#[async_trait::async_trait]
+impl lease_conformance::Outage for PrivateEtcd {
+    async fn crash(&self) {
+        self.server().kill();
+    }
+
+    async fn stop(&self) {
+        self.server().stop();
+    }
+
+    async fn start_again(&self) {
+        self.server().start_again();
+    }
+
+    fn may_time_out(&self) -> bool {
+        true
+    }
+}
+
+lease_conformance::outage_tests!(etcd_outage, PrivateEtcd::start());
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_holders_guarded_transaction_is_rejected() {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use lease_api::backend::{Place, Ticket};
-use lease_api::{AcquireOptions, LeaseError, LeaseKey, LeaseProvider, TokenDurability, acquire};
+use lease_api::{AcquireOptions, LeaseError, LeaseKey, LeaseProvider, acquire};
 use lease_postgres::{PostgresConfig, PostgresProvider};
 use lease_testkit::{OwnedProcess, owned_postgres, store_url};
 use lease_testkit::{unique, until_ok};
@@ -27,135 +27,80 @@ fn shared(namespace: &str) -> PostgresProvider {
     .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tokens_survive_a_crash_and_the_pool_recovers() {
-    let mut server = owned_postgres();
-    let p = PostgresProvider::new(PostgresConfig::new(url(&server)).timeouts(TIMEOUT, TIMEOUT))
-        .unwrap();
-    let k = LeaseKey::new("settlement").unwrap();
-    let mut last = 0;
-    for _ in 0..3 {
-        let l = p.try_acquire(&k, TTL).await.unwrap().into_lease().unwrap();
-        p.release(&l).await.unwrap();
-        last = l.token().get();
+/// A private server the shared outage cases crash, restart and cut the
+/// LISTEN connections of (`pg_terminate_backend`).
+struct PrivatePostgres(std::sync::Mutex<OwnedProcess>, u16);
+
+impl PrivatePostgres {
+    fn start() -> Self {
+        let server = owned_postgres();
+        let port = server.port();
+        PrivatePostgres(std::sync::Mutex::new(server), port)
     }
-    let caps = p.probe().await.unwrap();
-    assert!(
-        matches!(caps.durable_tokens, TokenDurability::Durable(_)),
-        "{:?}",
-        caps.durable_tokens
-    );
 
-    server.kill(); // a crash: committed rows must survive
-    let started = Instant::now();
-    let err = p.try_acquire(&k, TTL).await.unwrap_err();
-    assert!(matches!(err, LeaseError::Unavailable { .. }), "{err:?}");
-    assert!(
-        started.elapsed() < TIMEOUT * 2 + Duration::from_secs(1),
-        "took {:?}",
-        started.elapsed()
-    );
-    let err = p.inspect(&k).await.unwrap_err();
-    assert!(matches!(err, LeaseError::Unavailable { .. }), "{err:?}");
-
-    server.start_again();
-    // The same provider (same pool) works again once the server is back.
-    let l = until_ok(|| p.try_acquire(&k, TTL))
-        .await
-        .into_lease()
-        .unwrap();
-    assert!(
-        l.token().get() > last,
-        "token {} after {last} across a crash",
-        l.token()
-    );
-    p.release(&l).await.unwrap();
+    fn server(&self) -> std::sync::MutexGuard<'_, OwnedProcess> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiter_recovers_when_the_listener_connection_breaks() {
-    let mut server = owned_postgres();
-    let p = Arc::new(
-        PostgresProvider::new(PostgresConfig::new(url(&server)).timeouts(TIMEOUT, TIMEOUT))
-            .unwrap(),
-    );
-    let k = LeaseKey::new("listen").unwrap();
-    let holder = p.try_acquire(&k, TTL).await.unwrap().into_lease().unwrap();
-    let (p2, k2) = (Arc::clone(&p), k.clone());
-    let waiter = tokio::spawn(async move {
-        acquire(
-            &p2,
-            &k2,
-            AcquireOptions::ttl(TTL).wait(Duration::from_secs(40)),
-        )
-        .await
-    });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    server.stop();
-    server.start_again();
-    until_ok(|| p.release(&holder)).await;
-    let released = Instant::now();
-    let got = waiter
-        .await
-        .unwrap()
-        .unwrap()
-        .expect("the waiter got the key after the restart");
-    // Woken by the notification or by the wake after re-LISTEN, not by the
-    // holder's TTL (30 s): a release in the reconnect gap is not missed.
-    let took = released.elapsed();
-    assert!(
-        took < Duration::from_secs(5),
-        "the waiter took {took:?} after the release"
-    );
-    assert!(got.token() > holder.token());
+#[async_trait::async_trait]
+impl lease_conformance::ProviderFactory for PrivatePostgres {
+    async fn provider(&self, namespace: &str) -> Result<Arc<dyn LeaseProvider>, LeaseError> {
+        let url = format!("postgres://postgres@127.0.0.1:{}/postgres", self.1);
+        let p = PostgresProvider::new(
+            PostgresConfig::new(url)
+                .namespace(namespace)
+                .timeouts(TIMEOUT, TIMEOUT),
+        )?;
+        // The durability the provider declares comes from this probe.
+        until_ok(|| p.probe()).await;
+        Ok(Arc::new(p))
+    }
+
+    async fn unreachable(&self) -> Result<Arc<dyn LeaseProvider>, LeaseError> {
+        Ok(Arc::new(PostgresProvider::new(
+            PostgresConfig::new("postgres://postgres@127.0.0.1:1/postgres")
+                .timeouts(TIMEOUT, TIMEOUT),
+        )?))
+    }
+
+    fn unavailable_within(&self) -> Duration {
+        TIMEOUT * 2 + Duration::from_secs(1)
+    }
 }
 
-/// The LISTEN connection is killed (`pg_terminate_backend`) while a waiter
-/// waits, and the holder releases at once, while LISTEN may still be
-/// reconnecting: the waiter gets the key within a bound far below the TTL.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiter_gets_the_key_promptly_when_the_listen_connection_is_killed() {
-    let server = owned_postgres();
-    let config = || PostgresConfig::new(url(&server)).timeouts(TIMEOUT, TIMEOUT);
-    let holder_p = PostgresProvider::new(config()).unwrap();
-    let waiter_p = Arc::new(PostgresProvider::new(config()).unwrap());
-    let k = LeaseKey::new("listen-kill").unwrap();
-    let holder = holder_p
-        .try_acquire(&k, TTL)
-        .await
-        .unwrap()
-        .into_lease()
-        .unwrap();
-    let (w, k2) = (Arc::clone(&waiter_p), k.clone());
-    let waiter =
-        tokio::spawn(async move { acquire(&w, &k2, AcquireOptions::ttl(TTL).wait(TTL)).await });
-    let admin_url = format!("postgres://postgres@127.0.0.1:{}/template1", server.port());
-    let admin = sqlx::PgPool::connect(&admin_url).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+#[async_trait::async_trait]
+impl lease_conformance::Outage for PrivatePostgres {
+    async fn crash(&self) {
+        self.server().kill();
+    }
+
+    async fn stop(&self) {
+        self.server().stop();
+    }
+
+    async fn start_again(&self) {
+        self.server().start_again();
+    }
+
+    async fn kill_notification_connections(&self) -> Option<usize> {
+        let admin_url = format!("postgres://postgres@127.0.0.1:{}/template1", self.1);
+        let admin = sqlx::PgPool::connect(&admin_url).await.ok()?;
         let killed: i64 = sqlx::query_scalar(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
              WHERE datname = 'postgres' AND query LIKE 'LISTEN%'",
         )
         .fetch_one(&admin)
         .await
-        .unwrap();
-        if killed > 0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no LISTEN connection showed up");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        .ok()?;
+        admin.close().await;
+        usize::try_from(killed).ok()
     }
-    holder_p.release(&holder).await.unwrap();
-    let released = Instant::now();
-    let got = waiter.await.unwrap().unwrap().expect("acquired");
-    let took = released.elapsed();
-    assert!(
-        took < Duration::from_secs(5),
-        "the waiter took {took:?} after the release (TTL {TTL:?})"
-    );
-    assert!(got.token() > holder.token());
 }
+
+lease_conformance::outage_tests!(postgres_outage, PrivatePostgres::start(), notifications);
 
 /// Pooled connections are not pinged before each statement (that was a round
 /// trip per operation); only one that sat idle is. So connections killed while

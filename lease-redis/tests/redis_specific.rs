@@ -52,36 +52,75 @@ async fn token_after_acquire(p: &dyn LeaseProvider, k: &LeaseKey) -> u64 {
     lease.token().get()
 }
 
-/// Retries until the server answers again (the connection manager reconnects
-/// by itself; the first calls after a restart may still see the old socket).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn durable_server_keeps_tokens_across_crash_and_restart() {
-    let mut server = owned_redis(true);
-    let p = provider(&server);
-    let caps = p.probe().await.unwrap();
-    assert!(
-        matches!(caps.durable_tokens, TokenDurability::Durable(_)),
-        "{:?}",
-        caps.durable_tokens
-    );
-    assert!(p.capabilities().durable_tokens.is_durable());
-    let k = key("durable");
-    let mut last = 0;
-    for _ in 0..3 {
-        last = token_after_acquire(&p, &k).await;
+/// A private durable (AOF) server the shared outage cases crash, restart
+/// and cut the subscriber connections of (`CLIENT KILL TYPE pubsub`).
+struct PrivateRedis(std::sync::Mutex<OwnedProcess>, String);
+
+impl PrivateRedis {
+    fn start() -> Self {
+        let server = owned_redis(true);
+        let url = url(&server);
+        PrivateRedis(std::sync::Mutex::new(server), url)
     }
-    server.kill(); // a crash, not a clean shutdown
-    server.start_again();
-    let next = until_ok(|| p.try_acquire(&k, TTL))
-        .await
-        .into_lease()
-        .expect("free after restart");
-    assert!(
-        next.token().get() > last,
-        "token {} after {last} across a crash",
-        next.token()
-    );
+
+    fn server(&self) -> std::sync::MutexGuard<'_, OwnedProcess> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
+
+#[async_trait::async_trait]
+impl lease_conformance::ProviderFactory for PrivateRedis {
+    async fn provider(&self, namespace: &str) -> Result<Arc<dyn LeaseProvider>, LeaseError> {
+        let p = RedisProvider::new(
+            RedisConfig::new(&self.1)
+                .namespace(namespace)
+                .timeouts(TIMEOUT, TIMEOUT),
+        )?;
+        // The durability the provider declares comes from this probe.
+        until_ok(|| p.probe()).await;
+        Ok(Arc::new(p))
+    }
+
+    async fn unreachable(&self) -> Result<Arc<dyn LeaseProvider>, LeaseError> {
+        Ok(Arc::new(RedisProvider::new(
+            RedisConfig::new("redis://127.0.0.1:1").timeouts(TIMEOUT, TIMEOUT),
+        )?))
+    }
+
+    fn unavailable_within(&self) -> Duration {
+        TIMEOUT * 2 + Duration::from_secs(1)
+    }
+}
+
+#[async_trait::async_trait]
+impl lease_conformance::Outage for PrivateRedis {
+    async fn crash(&self) {
+        self.server().kill();
+    }
+
+    async fn stop(&self) {
+        self.server().stop();
+    }
+
+    async fn start_again(&self) {
+        self.server().start_again();
+    }
+
+    async fn kill_notification_connections(&self) -> Option<usize> {
+        let client = redis::Client::open(self.1.as_str()).ok()?;
+        let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+        let killed: i64 = redis::cmd("CLIENT")
+            .arg(&["KILL", "TYPE", "pubsub"])
+            .query_async(&mut conn)
+            .await
+            .ok()?;
+        usize::try_from(killed).ok()
+    }
+}
+
+lease_conformance::outage_tests!(redis_outage, PrivateRedis::start(), notifications);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn volatile_server_says_so_and_tokens_do_restart() {
@@ -111,130 +150,6 @@ async fn volatile_server_says_so_and_tokens_do_restart() {
         "expected tokens to restart, got {} after {last}",
         next.token()
     );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn server_down_is_unavailable_within_the_timeout_and_the_provider_recovers() {
-    let mut server = owned_redis(false);
-    let p = provider(&server);
-    let k = key("outage");
-    let before = p.try_acquire(&k, TTL).await.unwrap().into_lease().unwrap();
-    server.stop();
-    for _ in 0..3 {
-        let started = Instant::now();
-        let err = p.try_acquire(&k, TTL).await.unwrap_err();
-        assert!(matches!(err, LeaseError::Unavailable { .. }), "{err:?}");
-        assert!(
-            started.elapsed() < TIMEOUT * 2 + Duration::from_secs(1),
-            "took {:?}",
-            started.elapsed()
-        );
-        assert!(matches!(
-            p.inspect(&k).await,
-            Err(LeaseError::Unavailable { .. })
-        ));
-    }
-    server.start_again();
-    // The same provider, not rebuilt, works again. Without persistence the
-    // restarted server has forgotten the old lease, so the key is free.
-    let after = until_ok(|| p.try_acquire(&k, TTL)).await;
-    assert!(after.is_acquired());
-    drop(before);
-    // Waiting works again too: the pub/sub subscription reconnects.
-    let holder = after.into_lease().unwrap();
-    let p2 = Arc::new(p.clone());
-    let k2 = k.clone();
-    let waiter = tokio::spawn(async move {
-        acquire(
-            &p2,
-            &k2,
-            AcquireOptions::ttl(TTL).wait(Duration::from_secs(20)),
-        )
-        .await
-    });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let released = Instant::now();
-    p.release(&holder).await.unwrap();
-    let got = waiter.await.unwrap().unwrap().expect("woken after release");
-    assert!(released.elapsed() < Duration::from_secs(5));
-    assert!(got.token() > holder.token());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiter_recovers_when_the_subscription_breaks() {
-    let mut server = owned_redis(true);
-    let p = Arc::new(provider(&server));
-    let k = key("resubscribe");
-    let holder = p.try_acquire(&k, TTL).await.unwrap().into_lease().unwrap();
-    let (p2, k2) = (Arc::clone(&p), k.clone());
-    let waiter = tokio::spawn(async move {
-        acquire(
-            &p2,
-            &k2,
-            AcquireOptions::ttl(TTL).wait(Duration::from_secs(30)),
-        )
-        .await
-    });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    // The pub/sub connection breaks under the waiter; the lease survives (AOF).
-    server.stop();
-    server.start_again();
-    until_ok(|| p.release(&holder)).await;
-    let released = Instant::now();
-    let got = waiter
-        .await
-        .unwrap()
-        .unwrap()
-        .expect("the waiter got the key after the restart");
-    let took = released.elapsed();
-    assert!(
-        took < Duration::from_secs(5),
-        "the waiter took {took:?} after the release (TTL {TTL:?})"
-    );
-    assert!(got.token() > holder.token());
-}
-
-/// The subscriber connection is killed (`CLIENT KILL TYPE pubsub`) while a
-/// waiter waits: it re-subscribes before it looks again, and gets the key
-/// within a bound far below the TTL once it is released.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiter_gets_the_key_promptly_when_the_subscriber_is_killed() {
-    let server = owned_redis(false);
-    let holder_p = provider(&server);
-    let waiter_p = Arc::new(provider(&server));
-    let k = key("pubsub-kill");
-    let holder = holder_p
-        .try_acquire(&k, TTL)
-        .await
-        .unwrap()
-        .into_lease()
-        .unwrap();
-    let (w, k2) = (Arc::clone(&waiter_p), k.clone());
-    let waiter =
-        tokio::spawn(async move { acquire(&w, &k2, AcquireOptions::ttl(TTL).wait(TTL)).await });
-    let mut conn = admin_connection(&server).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let killed: i64 = redis::cmd("CLIENT")
-            .arg(&["KILL", "TYPE", "pubsub"])
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        if killed > 0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the waiter never subscribed");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    holder_p.release(&holder).await.unwrap();
-    let released = Instant::now();
-    let got = waiter.await.unwrap().unwrap().expect("acquired");
-    let took = released.elapsed();
-    assert!(
-        took < Duration::from_secs(5),
-        "the waiter took {took:?} after the release (TTL {TTL:?})"
-    );
-    assert!(got.token() > holder.token());
 }
 
 /// The waiter's connections are black-holed while it waits (no FIN, no RST:
