@@ -56,7 +56,7 @@ use lease_api::{LeaseError, LeaseKey, LeaseProvider};
 pub use cases::CASES;
 pub use fault::{Instrumented, Partition};
 pub use memory::MemoryFactory;
-pub use outage::Outage;
+pub use outage::{Outage, Server};
 
 #[doc(hidden)]
 pub use tokio as __tokio;

@@ -19,20 +19,26 @@ use lease_api::{AcquireOptions, LeaseError, LeaseKey, LeaseProvider, acquire};
 
 use crate::{CaseError, CaseResult, ProviderFactory};
 
+/// The server process behind an [`Outage`] factory.
+pub trait Server: Send + Sync {
+    /// Kills it as a crash (SIGKILL, no shutdown): what was committed must
+    /// survive as the store declares.
+    fn crash(&self);
+
+    /// Stops it cleanly.
+    fn stop(&self);
+
+    /// Starts it again on the same address and data; returns once it
+    /// accepts connections.
+    fn start_again(&self);
+}
+
 /// A store the suite may crash, restart and cut connections of: a
 /// [`ProviderFactory`] over a server of its own.
 #[async_trait]
 pub trait Outage: ProviderFactory {
-    /// Kills the server as a crash (SIGKILL, no shutdown): what was
-    /// committed must survive as the store declares.
-    async fn crash(&self);
-
-    /// Stops the server cleanly.
-    async fn stop(&self);
-
-    /// Starts the server again on the same address and data; returns once it
-    /// accepts connections.
-    async fn start_again(&self);
+    /// The server the cases crash, stop and start again.
+    fn server(&self) -> &dyn Server;
 
     /// Kills, on the server, the connections that carry release
     /// notifications to waiters (PostgreSQL's LISTEN, Redis's subscribers);
@@ -107,6 +113,28 @@ async fn namespace_provider<F: Outage>(f: &F) -> Result<Arc<dyn LeaseProvider>, 
     Ok(f.provider(&ns).await?)
 }
 
+/// The waiter's lease: it must have got the key within [`WOKEN_WITHIN`] of
+/// `released`, with a token above the holder's.
+async fn woken(
+    waiting: tokio::task::JoinHandle<lease_api::Result<Option<lease_api::Lease>>>,
+    released: Instant,
+    holder: lease_api::FencingToken,
+    ttl: Duration,
+) -> Result<lease_api::Lease, CaseError> {
+    let got = waiting
+        .await
+        .map_err(|e| CaseError(format!("the waiter panicked: {e}")))??
+        .ok_or_else(|| CaseError("the waiter did not get the key".into()))?;
+    let took = released.elapsed();
+    ensure(took < WOKEN_WITHIN, || {
+        format!("the waiter took {took:?} after the release (TTL {ttl:?})")
+    })?;
+    ensure(got.token() > holder, || {
+        format!("the waiter's token {} after {holder}", got.token())
+    })?;
+    Ok(got)
+}
+
 /// Spawns `acquire` of `key` on `p`, waiting up to `wait`.
 fn waiter(
     p: &Arc<dyn LeaseProvider>,
@@ -151,7 +179,7 @@ pub async fn crash_and_restart<F: Outage>(f: &F) -> CaseResult {
         )
     })?;
 
-    f.crash().await;
+    f.server().crash();
     for _ in 0..3 {
         let started = Instant::now();
         let err = p.try_acquire(&k, ttl).await;
@@ -171,7 +199,7 @@ pub async fn crash_and_restart<F: Outage>(f: &F) -> CaseResult {
         })?;
     }
 
-    f.start_again().await;
+    f.server().start_again();
     // Waits for the server with a call that changes nothing, and no acquire
     // that failed during the outage may have left a lease behind.
     let seen = until_ok(|| p.inspect(&k)).await?;
@@ -192,20 +220,7 @@ pub async fn crash_and_restart<F: Outage>(f: &F) -> CaseResult {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let released = Instant::now();
     p.release(&holder).await?;
-    let got = waiting
-        .await
-        .map_err(|e| CaseError(format!("the waiter panicked: {e}")))??
-        .ok_or_else(|| CaseError("the waiter was not woken after the release".into()))?;
-    ensure(released.elapsed() < WOKEN_WITHIN, || {
-        format!("the waiter took {:?} after the release", released.elapsed())
-    })?;
-    ensure(got.token() > holder.token(), || {
-        format!(
-            "the waiter's token {} after {}",
-            got.token(),
-            holder.token()
-        )
-    })?;
+    let got = woken(waiting, released, holder.token(), ttl).await?;
     p.release(&got).await?;
     Ok(())
 }
@@ -229,25 +244,11 @@ pub async fn a_waiter_outlives_a_restart<F: Outage>(f: &F) -> CaseResult {
     let waiting = waiter(&p, &k, ttl, ttl + Duration::from_secs(10));
     // Let the waiter see the key held and set up its watch.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    f.stop().await;
-    f.start_again().await;
+    f.server().stop();
+    f.server().start_again();
     until_ok(|| p.release(&holder)).await?;
     let released = Instant::now();
-    let got = waiting
-        .await
-        .map_err(|e| CaseError(format!("the waiter panicked: {e}")))??
-        .ok_or_else(|| CaseError("the waiter did not get the key after the restart".into()))?;
-    let took = released.elapsed();
-    ensure(took < WOKEN_WITHIN, || {
-        format!("the waiter took {took:?} after the release (TTL {ttl:?})")
-    })?;
-    ensure(got.token() > holder.token(), || {
-        format!(
-            "the waiter's token {} after {}",
-            got.token(),
-            holder.token()
-        )
-    })?;
+    let got = woken(waiting, released, holder.token(), ttl).await?;
     p.release(&got).await?;
     Ok(())
 }
@@ -292,21 +293,7 @@ pub async fn a_waiter_whose_notifications_are_killed_gets_the_key_promptly<F: Ou
     }
     holder_p.release(&holder).await?;
     let released = Instant::now();
-    let got = waiting
-        .await
-        .map_err(|e| CaseError(format!("the waiter panicked: {e}")))??
-        .ok_or_else(|| CaseError("the waiter did not get the key".into()))?;
-    let took = released.elapsed();
-    ensure(took < WOKEN_WITHIN, || {
-        format!("the waiter took {took:?} after the release (TTL {ttl:?})")
-    })?;
-    ensure(got.token() > holder.token(), || {
-        format!(
-            "the waiter's token {} after {}",
-            got.token(),
-            holder.token()
-        )
-    })?;
+    let got = woken(waiting, released, holder.token(), ttl).await?;
     waiter_p.release(&got).await?;
     Ok(())
 }

@@ -26,19 +26,11 @@ fn shared(ns: &str) -> EtcdProvider {
 
 /// A private etcd the shared outage cases crash and restart (a watch shares
 /// the client's connection: nothing of its own to kill).
-struct PrivateEtcd(std::sync::Mutex<OwnedProcess>, u16);
+struct PrivateEtcd(lease_testkit::Restartable);
 
 impl PrivateEtcd {
     fn start() -> Self {
-        let server = owned_etcd();
-        let port = server.port();
-        PrivateEtcd(std::sync::Mutex::new(server), port)
-    }
-
-    fn server(&self) -> std::sync::MutexGuard<'_, OwnedProcess> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        PrivateEtcd(lease_testkit::Restartable::new(owned_etcd()))
     }
 }
 
@@ -46,7 +38,7 @@ impl PrivateEtcd {
 impl lease_conformance::ProviderFactory for PrivateEtcd {
     async fn provider(&self, namespace: &str) -> Result<Arc<dyn LeaseProvider>, LeaseError> {
         Ok(Arc::new(EtcdProvider::new(
-            EtcdConfig::new([format!("http://127.0.0.1:{}", self.1)])
+            EtcdConfig::new([format!("http://127.0.0.1:{}", self.0.port())])
                 .namespace(namespace)
                 .timeouts(TIMEOUT, TIMEOUT),
         )?))
@@ -65,16 +57,8 @@ impl lease_conformance::ProviderFactory for PrivateEtcd {
 
 #[async_trait::async_trait]
 impl lease_conformance::Outage for PrivateEtcd {
-    async fn crash(&self) {
-        self.server().kill();
-    }
-
-    async fn stop(&self) {
-        self.server().stop();
-    }
-
-    async fn start_again(&self) {
-        self.server().start_again();
+    fn server(&self) -> &dyn lease_conformance::Server {
+        &self.0
     }
 
     fn may_time_out(&self) -> bool {

@@ -29,26 +29,18 @@ fn shared(namespace: &str) -> PostgresProvider {
 
 /// A private server the shared outage cases crash, restart and cut the
 /// LISTEN connections of (`pg_terminate_backend`).
-struct PrivatePostgres(std::sync::Mutex<OwnedProcess>, u16);
+struct PrivatePostgres(lease_testkit::Restartable);
 
 impl PrivatePostgres {
     fn start() -> Self {
-        let server = owned_postgres();
-        let port = server.port();
-        PrivatePostgres(std::sync::Mutex::new(server), port)
-    }
-
-    fn server(&self) -> std::sync::MutexGuard<'_, OwnedProcess> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        PrivatePostgres(lease_testkit::Restartable::new(owned_postgres()))
     }
 }
 
 #[async_trait::async_trait]
 impl lease_conformance::ProviderFactory for PrivatePostgres {
     async fn provider(&self, namespace: &str) -> Result<Arc<dyn LeaseProvider>, LeaseError> {
-        let url = format!("postgres://postgres@127.0.0.1:{}/postgres", self.1);
+        let url = format!("postgres://postgres@127.0.0.1:{}/postgres", self.0.port());
         let p = PostgresProvider::new(
             PostgresConfig::new(url)
                 .namespace(namespace)
@@ -73,20 +65,12 @@ impl lease_conformance::ProviderFactory for PrivatePostgres {
 
 #[async_trait::async_trait]
 impl lease_conformance::Outage for PrivatePostgres {
-    async fn crash(&self) {
-        self.server().kill();
-    }
-
-    async fn stop(&self) {
-        self.server().stop();
-    }
-
-    async fn start_again(&self) {
-        self.server().start_again();
+    fn server(&self) -> &dyn lease_conformance::Server {
+        &self.0
     }
 
     async fn kill_notification_connections(&self) -> Option<usize> {
-        let admin_url = format!("postgres://postgres@127.0.0.1:{}/template1", self.1);
+        let admin_url = format!("postgres://postgres@127.0.0.1:{}/template1", self.0.port());
         let admin = sqlx::PgPool::connect(&admin_url).await.ok()?;
         let killed: i64 = sqlx::query_scalar(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \

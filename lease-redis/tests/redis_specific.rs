@@ -54,19 +54,11 @@ async fn token_after_acquire(p: &dyn LeaseProvider, k: &LeaseKey) -> u64 {
 
 /// A private durable (AOF) server the shared outage cases crash, restart
 /// and cut the subscriber connections of (`CLIENT KILL TYPE pubsub`).
-struct PrivateRedis(std::sync::Mutex<OwnedProcess>, String);
+struct PrivateRedis(lease_testkit::Restartable);
 
 impl PrivateRedis {
     fn start() -> Self {
-        let server = owned_redis(true);
-        let url = url(&server);
-        PrivateRedis(std::sync::Mutex::new(server), url)
-    }
-
-    fn server(&self) -> std::sync::MutexGuard<'_, OwnedProcess> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        PrivateRedis(lease_testkit::Restartable::new(owned_redis(true)))
     }
 }
 
@@ -74,7 +66,7 @@ impl PrivateRedis {
 impl lease_conformance::ProviderFactory for PrivateRedis {
     async fn provider(&self, namespace: &str) -> Result<Arc<dyn LeaseProvider>, LeaseError> {
         let p = RedisProvider::new(
-            RedisConfig::new(&self.1)
+            RedisConfig::new(format!("redis://127.0.0.1:{}", self.0.port()))
                 .namespace(namespace)
                 .timeouts(TIMEOUT, TIMEOUT),
         )?;
@@ -96,20 +88,12 @@ impl lease_conformance::ProviderFactory for PrivateRedis {
 
 #[async_trait::async_trait]
 impl lease_conformance::Outage for PrivateRedis {
-    async fn crash(&self) {
-        self.server().kill();
-    }
-
-    async fn stop(&self) {
-        self.server().stop();
-    }
-
-    async fn start_again(&self) {
-        self.server().start_again();
+    fn server(&self) -> &dyn lease_conformance::Server {
+        &self.0
     }
 
     async fn kill_notification_connections(&self) -> Option<usize> {
-        let client = redis::Client::open(self.1.as_str()).ok()?;
+        let client = redis::Client::open(format!("redis://127.0.0.1:{}", self.0.port())).ok()?;
         let mut conn = client.get_multiplexed_async_connection().await.ok()?;
         let killed: i64 = redis::cmd("CLIENT")
             .arg(&["KILL", "TYPE", "pubsub"])

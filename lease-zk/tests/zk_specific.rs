@@ -110,19 +110,11 @@ async fn lost_session_case(zk: &OwnedProcess, asked: Duration, session: Duration
 
 /// A private ZooKeeper the shared outage cases crash and restart (a watch
 /// shares the session's connection: nothing of its own to kill).
-struct PrivateZk(std::sync::Mutex<OwnedProcess>, u16);
+struct PrivateZk(lease_testkit::Restartable);
 
 impl PrivateZk {
     fn start() -> Self {
-        let server = owned_zk();
-        let port = server.port();
-        PrivateZk(std::sync::Mutex::new(server), port)
-    }
-
-    fn server(&self) -> std::sync::MutexGuard<'_, OwnedProcess> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        PrivateZk(lease_testkit::Restartable::new(owned_zk()))
     }
 }
 
@@ -130,7 +122,7 @@ impl PrivateZk {
 impl lease_conformance::ProviderFactory for PrivateZk {
     async fn provider(&self, namespace: &str) -> Result<Arc<dyn LeaseProvider>, LeaseError> {
         Ok(Arc::new(ZkProvider::new(
-            on_port(self.1).namespace(namespace),
+            on_port(self.0.port()).namespace(namespace),
         )?))
     }
 
@@ -145,16 +137,8 @@ impl lease_conformance::ProviderFactory for PrivateZk {
 
 #[async_trait::async_trait]
 impl lease_conformance::Outage for PrivateZk {
-    async fn crash(&self) {
-        self.server().kill();
-    }
-
-    async fn stop(&self) {
-        self.server().stop();
-    }
-
-    async fn start_again(&self) {
-        self.server().start_again();
+    fn server(&self) -> &dyn lease_conformance::Server {
+        &self.0
     }
 
     fn may_time_out(&self) -> bool {
