@@ -59,9 +59,13 @@
 //!   still ours and still on that etcd lease; with another TTL, a new etcd
 //!   lease is granted and attached by a transaction guarded on the key's create
 //!   revision and owner (the put keeps the value), then the old one is revoked.
-//!   When the transaction's answer is lost, a read tells whether it moved the
-//!   key; if that is not known, the new etcd lease is left to run out, never
-//!   revoked under a key it may carry.
+//!   The move is also guarded on the key's mod revision (read first: one more
+//!   round trip, only when the TTL changes). When its answer is lost, a no-op
+//!   put guarded on that revision fences it off, or finds that it landed; so a
+//!   lost move never lands later, unseen. If etcd does not answer the fence
+//!   either, the new etcd lease is never revoked under a key it may carry, and
+//!   the extend reports the lease lost when the new TTL is shorter than what
+//!   the holder believes it still has.
 //! - **Release** is a transaction guarded the same way that deletes the key,
 //!   then (in the background) revokes the etcd lease.
 //! - **Waiting** watches the exact key for its deletion (release or expiry).

@@ -4,9 +4,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::provider::{EtcdProvider, lease_id, parse_value, revoke_if_own};
+use crate::provider::{EtcdProvider, Fence, lease_id, parse_value, revoke_if_own};
 use async_trait::async_trait;
-use etcd_client::{EventType, PutOptions, Txn, TxnOp, WatchStream};
+use etcd_client::{Compare, CompareOp, EventType, PutOptions, Txn, TxnOp, WatchStream};
 use lease_api::backend::{KeyWatch, LeaseHandle, SessionStore, WaitQueue};
 use lease_api::{
     Capabilities, FencingToken, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Result,
@@ -67,49 +67,66 @@ impl LeaseProvider for EtcdProvider {
             return Ok(lease.renewed(granted, sent_at));
         }
         // Another TTL: a new etcd lease, attached while we still hold the key.
+        // The move is guarded on the key's mod revision as well, so that a
+        // move whose answer is lost can be fenced off (`fence_move`): it must
+        // never land later, unseen, on a key whose holder believes otherwise.
+        let Some(seen) = self.held_revision(lease).await? else {
+            return Err(lost());
+        };
         let (new_id, granted) = self.grant(ttl).await?;
-        let k = self.etcd_key(lease.key());
+        let mut compares = self.held_compares(lease);
+        compares.push(Compare::mod_revision(
+            self.etcd_key(lease.key()),
+            CompareOp::Equal,
+            seen,
+        ));
         let txn = Txn::new()
-            .when(self.held_compares(lease))
+            .when(compares)
             // The value (owner and holder label) stays as the acquire wrote it.
             .and_then(vec![TxnOp::put(
-                k,
+                self.etcd_key(lease.key()),
                 "",
                 Some(PutOptions::new().with_lease(new_id).with_ignore_value()),
             )]);
-        let resp = match self
+        let moved = lease
+            .renewed(granted, sent_at)
+            .with_handle(LeaseHandle::EtcdLease(new_id));
+        match self
             .call("extend txn", |mut c| async move { c.txn(txn).await })
             .await
         {
-            Ok(r) => r,
-            Err(e) => {
-                // The answer is lost, not necessarily the transaction: it may
-                // have moved the key to `new_id`, and revoking `new_id` would
-                // then delete the key while our lease is still valid (another
-                // client could take it inside our validity). Look: a key on
-                // `new_id` means it committed.
-                if matches!(self.key_is_on(lease, new_id).await, Ok(true)) {
-                    revoke_if_own(self, lease);
-                    return Ok(lease
-                        .renewed(granted, sent_at)
-                        .with_handle(LeaseHandle::EtcdLease(new_id)));
-                }
-                // Not applied yet, or not known: the transaction may still be
-                // in flight, so `new_id` is left to run out by its TTL (never
-                // revoked under a key it may carry). The key stays on the old
-                // etcd lease, or, if the transaction lands later, the next
-                // extend sees it on another lease and reports it lost.
-                return Err(e);
+            Ok(resp) if resp.succeeded() => {
+                revoke_if_own(self, lease);
+                Ok(moved)
             }
-        };
-        if !resp.succeeded() {
-            self.revoke_in_background(new_id);
-            return Err(lost());
+            Ok(_) => {
+                self.revoke_in_background(new_id);
+                // Lost, unless only the revision moved (another extend of
+                // ours): then the caller may try again.
+                match self.held_revision(lease).await {
+                    Ok(Some(_)) => Err(LeaseError::Unavailable {
+                        message: "the key changed during the extend; try again".into(),
+                        source: None,
+                    }),
+                    _ => Err(lost()),
+                }
+            }
+            Err(e) => match self.fence_move(lease, seen, new_id).await {
+                Fence::Moved => {
+                    revoke_if_own(self, lease);
+                    Ok(moved)
+                }
+                Fence::NotMoved => {
+                    self.revoke_in_background(new_id);
+                    Err(e)
+                }
+                // The move may still land, on `new_id` (never revoked here):
+                // harmless when the new TTL outlasts what the caller believes
+                // it holds, else the lease must count as lost now.
+                Fence::Unknown if sent_at + ttl >= lease.valid_until() => Err(e),
+                Fence::Unknown => Err(lost()),
+            },
         }
-        revoke_if_own(self, lease);
-        Ok(lease
-            .renewed(granted, sent_at)
-            .with_handle(LeaseHandle::EtcdLease(new_id)))
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {

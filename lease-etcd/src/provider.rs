@@ -522,6 +522,73 @@ impl EtcdProvider {
         }))
     }
 
+    /// The key's mod revision while `lease` holds it (token and owner), by
+    /// one read; `None` when it does not.
+    pub(crate) async fn held_revision(&self, lease: &Lease) -> Result<Option<i64>> {
+        let k = self.etcd_key(lease.key());
+        let current = self
+            .call("get", |mut c| async move { c.get(k, None).await })
+            .await?;
+        Ok(current
+            .kvs()
+            .first()
+            .filter(|kv| {
+                u64::try_from(kv.create_revision()).ok() == Some(lease.token().get())
+                    && parse_value(kv.value()).0 == Some(lease.owner())
+            })
+            .map(etcd_client::KeyValue::mod_revision))
+    }
+
+    /// After a move of `lease`'s key to etcd lease `new_id`, guarded on mod
+    /// revision `seen`, whose answer was lost: makes sure it can no longer
+    /// land. A no-op put guarded the same way (it keeps the value and the
+    /// etcd lease) moves the revision on; if the guard fails instead, the
+    /// transaction's else-branch read tells whether the move did land.
+    pub(crate) async fn fence_move(&self, lease: &Lease, seen: i64, new_id: i64) -> Fence {
+        let key = self.etcd_key(lease.key());
+        for attempt in 0..3u32 {
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_millis(100) * attempt).await;
+            }
+            let txn = Txn::new()
+                .when(vec![
+                    Compare::create_revision(
+                        key.clone(),
+                        CompareOp::Equal,
+                        i64::try_from(lease.token().get()).unwrap_or(-1),
+                    ),
+                    Compare::mod_revision(key.clone(), CompareOp::Equal, seen),
+                ])
+                .and_then(vec![TxnOp::put(
+                    key.clone(),
+                    "",
+                    Some(PutOptions::new().with_ignore_value().with_ignore_lease()),
+                )])
+                .or_else(vec![TxnOp::get(key.clone(), None)]);
+            let Ok(resp) = self
+                .call("extend fence", |mut c| async move { c.txn(txn).await })
+                .await
+            else {
+                continue;
+            };
+            if resp.succeeded() {
+                return Fence::NotMoved;
+            }
+            let moved = resp.op_responses().into_iter().any(|r| match r {
+                etcd_client::TxnOpResponse::Get(get) => get.kvs().first().is_some_and(|kv| {
+                    u64::try_from(kv.create_revision()).ok() == Some(lease.token().get())
+                        && parse_value(kv.value()).0 == Some(lease.owner())
+                        && kv.lease() == new_id
+                }),
+                _ => false,
+            });
+            // Either the move landed, or the key changed otherwise: the
+            // move's guard can never hold again.
+            return if moved { Fence::Moved } else { Fence::NotMoved };
+        }
+        Fence::Unknown
+    }
+
     /// One keep-alive of etcd lease `id`: the TTL it now has, 0 when the
     /// lease is gone.
     pub(crate) async fn keep_alive_once(&self, id: i64) -> Result<i64> {
@@ -693,6 +760,17 @@ pub(crate) fn lease_id(lease: &Lease) -> i64 {
         LeaseHandle::EtcdLease(id) | LeaseHandle::EtcdSession(id) => id,
         _ => 0,
     }
+}
+
+/// What [`EtcdProvider::fence_move`] found out about a move whose answer
+/// was lost.
+pub(crate) enum Fence {
+    /// It landed: the key is on the new etcd lease.
+    Moved,
+    /// It did not, and now never will.
+    NotMoved,
+    /// etcd did not answer: it may still land.
+    Unknown,
 }
 
 /// Revokes the etcd lease of `lease` after its key went, unless a session

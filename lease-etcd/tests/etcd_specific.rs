@@ -522,3 +522,61 @@ async fn a_key_on_another_etcd_lease_is_not_renewed_by_a_keep_alive() {
     );
     raw.lease_revoke(orphan).await.unwrap();
 }
+
+/// An extend to another TTL whose move never reached etcd (the request is
+/// lost with its connection): the provider cannot tell that from a lost
+/// answer, so it fences the move off (a no-op put guarded on the revision
+/// the move was guarded on) before it reports the error, and the move can
+/// never land later on a key whose holder believes its old lease. The key
+/// stays on the old etcd lease, which still renews.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extend_to_another_ttl_whose_request_was_lost_is_fenced_off() {
+    let server = owned_etcd();
+    let proxy = lease_testkit::Proxy::start(server.port()).await;
+    let p = EtcdProvider::new(
+        EtcdConfig::new([format!("http://127.0.0.1:{}", proxy.port())]).timeouts(TIMEOUT, TIMEOUT),
+    )
+    .unwrap();
+    let name = unique("fenced-extend");
+    let k = LeaseKey::new(&name).unwrap();
+    let lease = until_ok(|| p.try_acquire(&k, TTL))
+        .await
+        .into_lease()
+        .expect("a free key");
+    let lease_api::backend::LeaseHandle::EtcdLease(old_id) = lease.handle() else {
+        panic!("an etcd lease: {lease:?}");
+    };
+    let mut raw =
+        etcd_client::Client::connect([format!("http://127.0.0.1:{}", server.port())], None)
+            .await
+            .unwrap();
+    let found = raw
+        .get("lease/", Some(etcd_client::GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    let kv = found
+        .kvs()
+        .iter()
+        .find(|kv| kv.key().ends_with(name.as_bytes()))
+        .expect("the lease's key");
+    let (store_key, before) = (kv.key().to_vec(), kv.mod_revision());
+    // The key as a transaction's compare carries it (field 3): a read
+    // (field 1) does not match, the move's transaction does.
+    let mut pattern = vec![0x1a, u8::try_from(store_key.len()).unwrap()];
+    pattern.extend_from_slice(&store_key);
+    proxy.lose_request_to(&pattern);
+    let extended = p.extend(&lease, TTL * 2).await;
+    assert!(proxy.reply_lost(), "the move's request was never seen");
+    let err = extended.expect_err("the move never reached etcd");
+    assert!(err.is_transient(), "{err:?}");
+    let now = raw.get(store_key, None).await.unwrap();
+    let kv = now.kvs().first().expect("the key is still held");
+    assert!(
+        kv.mod_revision() > before,
+        "the revision the lost move was guarded on is still current: it could land later"
+    );
+    assert_eq!(kv.lease(), old_id, "the key left the old etcd lease");
+    p.extend(&lease, lease.ttl())
+        .await
+        .expect("the old etcd lease still carries the key");
+}

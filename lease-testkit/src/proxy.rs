@@ -15,7 +15,18 @@ pub struct Proxy {
 /// The request whose answer [`Proxy::lose_reply_to`] is to lose, and
 /// whether the proxy is cut once it is lost, shared by the proxy's
 /// connections; taken by the first that forwards it.
-type LoseReply = std::sync::Arc<std::sync::Mutex<Option<(Vec<u8>, bool)>>>;
+type LoseReply = std::sync::Arc<std::sync::Mutex<Option<(Vec<u8>, Lose)>>>;
+
+/// What an armed [`LoseReply`] loses.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Lose {
+    /// The answer.
+    Reply,
+    /// The answer, and the proxy is cut as it is lost.
+    ReplyThenCut,
+    /// The request itself: never forwarded, the connection closed.
+    Request,
+}
 
 /// Copies `from` to `to` until either ends. A chunk that contains the armed
 /// pattern of `lose` disarms it, is forwarded, and sets `swallow`.
@@ -41,8 +52,14 @@ async fn pump_requests(
             let hit = armed
                 .as_ref()
                 .is_some_and(|(p, _)| chunk.windows(p.len().max(1)).any(|w| w == p.as_slice()));
-            if hit && let Some((_, cut)) = armed.take() {
-                then_cut.store(cut, std::sync::atomic::Ordering::SeqCst);
+            let mut mode = None;
+            if hit && let Some((_, m)) = armed.take() {
+                then_cut.store(m == Lose::ReplyThenCut, std::sync::atomic::Ordering::SeqCst);
+                mode = Some(m);
+            }
+            if mode == Some(Lose::Request) {
+                // Closes the connection with the request unsent.
+                return;
             }
             hit
         };
@@ -162,7 +179,8 @@ impl Proxy {
         *self
             .lose
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((pattern.to_vec(), false));
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some((pattern.to_vec(), Lose::Reply));
     }
 
     /// As [`lose_reply_to`](Self::lose_reply_to), and the proxy is
@@ -172,7 +190,20 @@ impl Proxy {
         *self
             .lose
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((pattern.to_vec(), true));
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some((pattern.to_vec(), Lose::ReplyThenCut));
+    }
+
+    /// Loses the next request that contains `pattern` (on any connection):
+    /// it never reaches the server, and its connection is closed, so the
+    /// client sees the connection drop and never learns that nothing
+    /// happened. [`reply_lost`](Self::reply_lost) tells when it was seen.
+    pub fn lose_request_to(&self, pattern: &[u8]) {
+        *self
+            .lose
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some((pattern.to_vec(), Lose::Request));
     }
 
     /// Whether the request armed by [`lose_reply_to`](Self::lose_reply_to)
