@@ -65,12 +65,16 @@ pub struct SlotHolder {
 pub struct OnceClaims {
     provider: PostgresProvider,
     claim: String,
+    claim_without_id: String,
     holder: String,
     purge: String,
     unclaim: String,
     exists: String,
+    has_claim_id: String,
     migrate: Vec<String>,
-    migrated: std::sync::Arc<OnceCell<()>>,
+    add_claim_id: String,
+    /// Whether the table has claim ids, once migrated (or found as it is).
+    migrated: std::sync::Arc<OnceCell<bool>>,
 }
 
 impl std::fmt::Debug for OnceClaims {
@@ -107,21 +111,36 @@ impl OnceClaims {
             provider: provider.clone(),
             // A row whose retention ran out is taken over in place; the
             // sequence is drawn on conflicts too, which only leaves gaps. A
-            // row with this call's claim id ($6) is its own earlier attempt,
-            // whose answer was lost: it answers with that row, unchanged
-            // (and waits for that attempt if it is still running).
-            claim: format!(
-                "INSERT INTO {t} AS c (namespace, resource, slot, token, holder, claimed_at, expires_at, claim_id)
+            // live row with this call's claim id ($6) and holder is its own
+            // earlier attempt, whose answer was lost: it answers with that
+            // row, unchanged (and waits for that attempt if it still runs).
+            claim: {
+                let own = "(c.claim_id = EXCLUDED.claim_id AND c.holder = EXCLUDED.holder \
+                           AND (c.expires_at IS NULL OR c.expires_at > clock_timestamp()))";
+                format!(
+                    "INSERT INTO {t} AS c (namespace, resource, slot, token, holder, claimed_at, expires_at, claim_id)
+                     VALUES ($1, $2, $3, nextval('{seq}'), $4, clock_timestamp(),
+                             clock_timestamp() + $5::bigint * interval '1 microsecond', $6)
+                     ON CONFLICT (namespace, resource, slot) DO UPDATE
+                        SET token = CASE WHEN {own} THEN c.token ELSE EXCLUDED.token END,
+                            holder = CASE WHEN {own} THEN c.holder ELSE EXCLUDED.holder END,
+                            claimed_at = CASE WHEN {own} THEN c.claimed_at ELSE EXCLUDED.claimed_at END,
+                            expires_at = CASE WHEN {own} THEN c.expires_at ELSE EXCLUDED.expires_at END,
+                            claim_id = EXCLUDED.claim_id
+                      WHERE {own}
+                         OR (c.expires_at IS NOT NULL AND c.expires_at <= clock_timestamp())
+                     RETURNING c.token"
+                )
+            },
+            // Before claim ids (a table this role cannot add the column to).
+            claim_without_id: format!(
+                "INSERT INTO {t} AS c (namespace, resource, slot, token, holder, claimed_at, expires_at)
                  VALUES ($1, $2, $3, nextval('{seq}'), $4, clock_timestamp(),
-                         clock_timestamp() + $5::bigint * interval '1 microsecond', $6)
+                         clock_timestamp() + $5::bigint * interval '1 microsecond')
                  ON CONFLICT (namespace, resource, slot) DO UPDATE
-                    SET token = CASE WHEN c.claim_id = EXCLUDED.claim_id THEN c.token ELSE EXCLUDED.token END,
-                        holder = CASE WHEN c.claim_id = EXCLUDED.claim_id THEN c.holder ELSE EXCLUDED.holder END,
-                        claimed_at = CASE WHEN c.claim_id = EXCLUDED.claim_id THEN c.claimed_at ELSE EXCLUDED.claimed_at END,
-                        expires_at = CASE WHEN c.claim_id = EXCLUDED.claim_id THEN c.expires_at ELSE EXCLUDED.expires_at END,
-                        claim_id = EXCLUDED.claim_id
-                  WHERE c.claim_id = EXCLUDED.claim_id
-                     OR (c.expires_at IS NOT NULL AND c.expires_at <= clock_timestamp())
+                    SET token = EXCLUDED.token, holder = EXCLUDED.holder,
+                        claimed_at = EXCLUDED.claimed_at, expires_at = EXCLUDED.expires_at
+                  WHERE c.expires_at IS NOT NULL AND c.expires_at <= clock_timestamp()
                  RETURNING c.token"
             ),
             holder: format!(
@@ -140,12 +159,17 @@ impl OnceClaims {
             // A role that may only read and write rows can use an existing
             // table: the DDL runs only when something is missing.
             exists: format!(
-                "SELECT to_regclass('{t_lit}') IS NOT NULL AND to_regclass('{}') IS NOT NULL
-                    AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('{t_lit}')
-                                   AND attname = 'claim_id' AND NOT attisdropped)",
-                seq.replace('\'', "''"),
-                t_lit = t.replace('\'', "''"),
+                "SELECT to_regclass('{}') IS NOT NULL AND to_regclass('{}') IS NOT NULL",
+                t.replace('\'', "''"),
+                seq.replace('\'', "''")
             ),
+            has_claim_id: format!(
+                "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('{}')
+                                   AND attname = 'claim_id' AND NOT attisdropped)",
+                t.replace('\'', "''"),
+            ),
+            // Tables made before claims had ids get the column.
+            add_claim_id: format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS claim_id text NULL"),
             migrate: create_schema
                 .chain([
                     format!(
@@ -161,16 +185,15 @@ impl OnceClaims {
                         )"
                     ),
                     format!("CREATE SEQUENCE IF NOT EXISTS {seq}"),
-                    // Tables made before claims had ids get the column.
-                    format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS claim_id text NULL"),
                 ])
                 .collect(),
             migrated: std::sync::Arc::new(OnceCell::new()),
         }
     }
 
-    /// Creates the claims table and its token sequence if missing (on first
-    /// use by itself).
+    /// Creates the claims table and its token sequence if missing, and adds
+    /// the claim id column to a table made before it (on first use by
+    /// itself).
     ///
     /// # Errors
     /// `Unavailable` when the database is down; `Backend` without the privilege.
@@ -179,14 +202,17 @@ impl OnceClaims {
         self.provider
             .bounded("the claims migration", async {
                 let there: Option<bool> = sqlx::query_scalar(&self.exists).fetch_one(pool).await?;
-                if there == Some(true) {
+                let has_id: Option<bool> = sqlx::query_scalar(&self.has_claim_id)
+                    .fetch_one(pool)
+                    .await?;
+                if there == Some(true) && has_id == Some(true) {
                     return Ok(());
                 }
                 let mut tx = pool.begin().await?;
                 sqlx::query("SELECT pg_advisory_xact_lock(hashtext('lease-postgres migrate'))")
                     .execute(&mut *tx)
                     .await?;
-                for statement in &self.migrate {
+                for statement in self.migrate.iter().chain([&self.add_claim_id]) {
                     sqlx::query(statement).execute(&mut *tx).await?;
                 }
                 tx.commit().await
@@ -194,9 +220,36 @@ impl OnceClaims {
             .await
     }
 
-    async fn ready(&self) -> Result<()> {
-        self.migrated.get_or_try_init(|| self.migrate()).await?;
-        Ok(())
+    /// Migrates on first use; whether the table has claim ids. A role that
+    /// may only read and write rows uses an older table as it is (its claims
+    /// then carry no id: a lost answer is an error, as before ids).
+    async fn ready(&self) -> Result<bool> {
+        let with_ids = self
+            .migrated
+            .get_or_try_init(|| async {
+                let Err(e) = self.migrate().await else {
+                    return Ok(true);
+                };
+                let pool = self.provider.pool()?;
+                let (there, has_id) = self
+                    .provider
+                    .bounded("the claims table lookup", async {
+                        let there: Option<bool> =
+                            sqlx::query_scalar(&self.exists).fetch_one(pool).await?;
+                        let has_id: Option<bool> = sqlx::query_scalar(&self.has_claim_id)
+                            .fetch_one(pool)
+                            .await?;
+                        Ok((there, has_id))
+                    })
+                    .await?;
+                if there != Some(true) {
+                    return Err(e);
+                }
+                tracing::warn!(error = %e, "could not migrate the claims table; using it as it is");
+                Ok(has_id == Some(true))
+            })
+            .await?;
+        Ok(*with_ids)
     }
 
     /// Claims `slot` of `resource`: `Some` for exactly one caller, `None`
@@ -229,8 +282,13 @@ impl OnceClaims {
                 "a claim's retention must be greater than zero (None keeps it forever)".into(),
             ));
         }
-        self.ready().await?;
+        let with_ids = self.ready().await?;
         let claim_id = lease_api::backend::OwnerId::random().to_hex();
+        let (statement, attempts_allowed) = if with_ids {
+            (&self.claim, CLAIM_ATTEMPTS)
+        } else {
+            (&self.claim_without_id, 1)
+        };
         let mut pause = Duration::from_millis(100);
         let mut attempts = 0;
         let token: Option<i64> = loop {
@@ -242,22 +300,24 @@ impl OnceClaims {
                 .provider
                 .bounded("claim", async {
                     let mut c = self.provider.conns().checkout().await?;
-                    let r = sqlx::query_scalar(&self.claim)
+                    let holder = lease_api::holder();
+                    let mut q = sqlx::query_scalar(statement)
                         .bind(self.provider.namespace_str())
                         .bind(resource)
                         .bind(slot)
-                        .bind(&*lease_api::holder())
-                        .bind(retention.map(micros))
-                        .bind(&claim_id)
-                        .fetch_optional(c.conn())
-                        .await;
+                        .bind(&*holder)
+                        .bind(retention.map(micros));
+                    if with_ids {
+                        q = q.bind(&claim_id);
+                    }
+                    let r = q.fetch_optional(c.conn()).await;
                     c.done(&r);
                     r
                 })
                 .await;
             match answer {
                 Ok(token) => break token,
-                Err(e) if e.is_transient() && attempts < CLAIM_ATTEMPTS => {
+                Err(e) if e.is_transient() && attempts < attempts_allowed => {
                     tracing::debug!(resource, slot, error = %e, "a claim's answer was lost; trying again with its id");
                     tokio::time::sleep(pause).await;
                     pause *= 2;

@@ -45,6 +45,8 @@ pub(crate) struct Inner {
     pub(crate) namespace: String,
     pub(crate) create_table: bool,
     pub(crate) migrated: OnceCell<()>,
+    /// Whether the waiters' marks have their unique index (looked up once).
+    pub(crate) marks_indexed: OnceCell<bool>,
     pub(crate) response_timeout: Duration,
     pub(crate) hub: Arc<WatchHub>,
     pub(crate) listener: tokio::sync::Mutex<Option<Listener>>,
@@ -207,6 +209,7 @@ impl PostgresProvider {
                 namespace: config.namespace,
                 create_table: config.create_table,
                 migrated: OnceCell::new(),
+                marks_indexed: OnceCell::new(),
                 response_timeout: config.response_timeout,
                 hub: Arc::default(),
                 listener: tokio::sync::Mutex::new(None),
@@ -315,17 +318,6 @@ impl PostgresProvider {
             if !has_mark {
                 sqlx::query(&sql.waiters.add_mark).execute(&mut *tx).await?;
             }
-            let has_mark_index: bool = sqlx::query_scalar(&sql.waiters.has_mark_index)
-                .fetch_one(&mut *tx)
-                .await?;
-            if !has_mark_index {
-                sqlx::query(&sql.waiters.dedupe_marks)
-                    .execute(&mut *tx)
-                    .await?;
-                sqlx::query(&sql.waiters.mark_index)
-                    .execute(&mut *tx)
-                    .await?;
-            }
             let has_holder: bool = sqlx::query_scalar(&sql.has_holder)
                 .fetch_one(&mut *tx)
                 .await?;
@@ -334,7 +326,41 @@ impl PostgresProvider {
             }
             tx.commit().await
         })
-        .await
+        .await?;
+        // The waiters' marks are unique where this role may add the index
+        // (it must own the table); without it, joins take the statement
+        // from before the index (see `WaiterStatements::join_unindexed`).
+        let indexed = self
+            .bounded("the waiters' index", async {
+                let pool = self
+                    .pool()
+                    .map_err(|e| sqlx::Error::Configuration(e.into()))?;
+                let has: bool = sqlx::query_scalar(&sql.waiters.has_mark_index)
+                    .fetch_one(pool)
+                    .await?;
+                if !has {
+                    let mut tx = pool.begin().await?;
+                    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('lease-postgres migrate'))")
+                        .execute(&mut *tx)
+                        .await?;
+                    sqlx::query(&sql.waiters.dedupe_marks)
+                        .execute(&mut *tx)
+                        .await?;
+                    sqlx::query(&sql.waiters.mark_index)
+                        .execute(&mut *tx)
+                        .await?;
+                    tx.commit().await?;
+                }
+                Ok(())
+            })
+            .await;
+        if let Err(e) = indexed {
+            if e.is_transient() {
+                return Err(e);
+            }
+            tracing::warn!(error = %e, "could not add the unique index on the waiters' marks; joins go without it");
+        }
+        Ok(())
     }
 
     /// Deletes the rows of every namespace whose name starts with `prefix`,

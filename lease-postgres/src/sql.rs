@@ -51,6 +51,8 @@ pub(crate) struct WaiterStatements {
     pub dedupe_marks: String,
     pub has_mark_index: String,
     pub mark_index: String,
+    pub join_unindexed: String,
+    pub drop_dead_mark: String,
     pub join: String,
     pub place: String,
     pub live: String,
@@ -122,12 +124,37 @@ impl WaiterStatements {
             // answer) renews that ticket instead of queueing behind it, even
             // while the first join is still running: the unique index makes
             // the second wait for the first and then renew its row.
+            // Only a live ticket is renewed: a dead one (its waiter's join
+            // lost, then the waiter cut off past the ticket's TTL) gives no
+            // row, and the caller drops it (`drop_dead_mark`) and joins
+            // again, at the end of the line.
             join: format!(
-                "INSERT INTO {w} (namespace, key, mark, expires_at)
+                "INSERT INTO {w} AS t (namespace, key, mark, expires_at)
                  VALUES ($1, $2, $4, clock_timestamp() + $3::bigint * interval '1 microsecond')
                  ON CONFLICT (namespace, key, mark) WHERE mark <> 0
                  DO UPDATE SET expires_at = EXCLUDED.expires_at
+                  WHERE t.expires_at > clock_timestamp()
                  RETURNING seq"
+            ),
+            drop_dead_mark: format!(
+                "DELETE FROM {w}
+                  WHERE namespace = $1 AND key = $2 AND mark = $3 AND expires_at <= clock_timestamp()"
+            ),
+            // Without the unique index (a role that may not add it): a live
+            // ticket of the mark is renewed, else one is added. Two joins of
+            // one mark at once can then both add one.
+            join_unindexed: format!(
+                "WITH renewed AS (
+                    UPDATE {w} SET expires_at = clock_timestamp() + $3::bigint * interval '1 microsecond'
+                     WHERE {live} AND mark = $4
+                     RETURNING seq
+                 ), joined AS (
+                    INSERT INTO {w} (namespace, key, mark, expires_at)
+                    SELECT $1, $2, $4, clock_timestamp() + $3::bigint * interval '1 microsecond'
+                     WHERE NOT EXISTS (SELECT 1 FROM renewed)
+                    RETURNING seq
+                 )
+                 SELECT seq FROM renewed UNION ALL SELECT seq FROM joined"
             ),
             // Drops the dead tickets of the key nobody else is dropping (SKIP
             // LOCKED: no waits, no deadlocks between waiters), then answers

@@ -21,20 +21,56 @@ impl WaitQueue for PostgresProvider {
     async fn join(&self, key: &LeaseKey, ttl: Duration, mark: u64) -> Result<Ticket> {
         let ttl = self.capabilities().grant_ttl(ttl)?;
         self.ready().await?;
-        let seq: i64 = self
-            .bounded("joining the queue", async {
-                let mut c = self.inner.conns.checkout().await?;
-                let r = sqlx::query_scalar(&self.inner.sql.waiters.join)
-                    .bind(&self.inner.namespace)
-                    .bind(key.as_str())
-                    .bind(micros(ttl))
-                    .bind(mark_i64(mark))
-                    .fetch_one(c.conn())
-                    .await;
-                c.done(&r);
-                r
+        let sql = &self.inner.sql.waiters;
+        let pool = self.pool()?;
+        let indexed = *self
+            .inner
+            .marks_indexed
+            .get_or_try_init(|| {
+                self.bounded(
+                    "looking up the waiters' index",
+                    sqlx::query_scalar::<_, bool>(&sql.has_mark_index).fetch_one(pool),
+                )
             })
             .await?;
+        let statement = if indexed {
+            &sql.join
+        } else {
+            &sql.join_unindexed
+        };
+        let mut joined = None;
+        for _ in 0..3 {
+            joined = self
+                .bounded("joining the queue", async {
+                    let mut c = self.inner.conns.checkout().await?;
+                    let r = sqlx::query_scalar::<_, i64>(statement)
+                        .bind(&self.inner.namespace)
+                        .bind(key.as_str())
+                        .bind(micros(ttl))
+                        .bind(mark_i64(mark))
+                        .fetch_optional(c.conn())
+                        .await;
+                    c.done(&r);
+                    r
+                })
+                .await?;
+            if joined.is_some() {
+                break;
+            }
+            // A dead ticket of this mark is in the way: drop it, join anew.
+            self.bounded(
+                "dropping a dead ticket",
+                sqlx::query(&sql.drop_dead_mark)
+                    .bind(&self.inner.namespace)
+                    .bind(key.as_str())
+                    .bind(mark_i64(mark))
+                    .execute(pool),
+            )
+            .await?;
+        }
+        let seq = joined.ok_or_else(|| {
+            LeaseError::protocol("a join found its mark's dead ticket three times")
+        })?;
         let seq = u64::try_from(seq)
             .map_err(|_| LeaseError::protocol(format!("negative waiter number {seq}")))?;
         Ok(Ticket::new(key.clone(), seq, mark))

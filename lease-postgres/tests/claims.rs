@@ -488,3 +488,47 @@ async fn a_claim_whose_answer_was_lost_is_still_won_by_its_caller() {
         "a second call is a new claim"
     );
 }
+
+/// A role that may only read and write rows claims on a table made before
+/// claims had ids: it cannot add the column, so it uses the table as it is
+/// (one winner per slot, as before), instead of failing every claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_only_role_claims_on_a_table_from_before_claim_ids() {
+    let admin_url = store_url("LEASE_TEST_POSTGRES_URL");
+    let admin = sqlx::PgPool::connect(&admin_url).await.unwrap();
+    let name = unique("rowonly").replace('-', "_");
+    for sql in [
+        format!("CREATE ROLE {name} LOGIN"),
+        format!("CREATE SCHEMA {name}"),
+        format!("GRANT USAGE ON SCHEMA {name} TO {name}"),
+        // The table and sequence as a version before claim ids made them.
+        format!(
+            "CREATE TABLE {name}.claims (
+                namespace text NOT NULL, resource text NOT NULL, slot text NOT NULL,
+                token bigint NOT NULL, holder text NULL, claimed_at timestamptz NOT NULL,
+                expires_at timestamptz NULL, PRIMARY KEY (namespace, resource, slot))"
+        ),
+        format!("CREATE SEQUENCE {name}.claims_token"),
+        format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {name}.claims TO {name}"),
+        format!("GRANT USAGE, SELECT ON SEQUENCE {name}.claims_token TO {name}"),
+    ] {
+        sqlx::query(&sql).execute(&admin).await.unwrap();
+    }
+    let url = admin_url.replacen("postgres@", &format!("{name}@"), 1);
+    let p = PostgresProvider::new(PostgresConfig::new(url).create_table(false)).unwrap();
+    let claims = OnceClaims::in_table(&p, &name, "claims").unwrap();
+    let won = claims.claim_once("nightly", "2026-12-06", None).await;
+    let again = claims.claim_once("nightly", "2026-12-06", None).await;
+    p.pool().unwrap().close().await;
+    for sql in [
+        format!("DROP SCHEMA {name} CASCADE"),
+        format!("DROP ROLE {name}"),
+    ] {
+        sqlx::query(&sql).execute(&admin).await.unwrap();
+    }
+    assert!(
+        matches!(won, Ok(Some(_))),
+        "the first claim on an older table: {won:?}"
+    );
+    assert!(matches!(again, Ok(None)), "the second claim: {again:?}");
+}

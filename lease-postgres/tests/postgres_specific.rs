@@ -736,3 +736,94 @@ async fn a_join_retried_while_the_first_is_in_flight_makes_one_ticket() {
     .await
     .unwrap();
 }
+
+/// A join with the mark of a ticket that died meanwhile (its waiter's join
+/// answer was lost, then the waiter was cut off past the ticket's TTL) gets
+/// a new ticket at the end of the line, not the dead one back at its old
+/// place ahead of the waiters who joined since.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_with_a_dead_tickets_mark_joins_at_the_end_of_the_line() {
+    let (p, waiters) = own_table("dead_mark");
+    let queue = p.wait_queue().expect("PostgreSQL has a queue of waiters");
+    let k = LeaseKey::new(unique("dead-mark")).unwrap();
+    let pool = p.pool().unwrap();
+    let mark = Ticket::random_mark();
+    let short = p.capabilities().practical_ttl(Duration::from_millis(300));
+    let dead = queue.join(&k, short, mark).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let expired: bool = sqlx::query_scalar(&format!(
+            "SELECT expires_at <= clock_timestamp() FROM {waiters} WHERE seq = $1"
+        ))
+        .bind(i64::try_from(dead.seq()).unwrap())
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        if expired {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the ticket never expired");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let other = queue.join(&k, TTL, Ticket::random_mark()).await.unwrap();
+    let again = queue.join(&k, TTL, mark).await.unwrap();
+    assert!(
+        again.seq() > other.seq(),
+        "the dead ticket {} came back ahead of {}: {}",
+        dead.seq(),
+        other.seq(),
+        again.seq()
+    );
+    assert_eq!(queue.place(&other).await.unwrap(), Place::First);
+    sqlx::query(&format!(
+        "DROP TABLE {waiters}, {}",
+        waiters.replace("_waiters", "")
+    ))
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// A waiters' table without the unique index on marks (a role that may not
+/// add it, with `create_table(false)`): joins still work, by the statement
+/// from before the index, and a join retried with its mark finds its ticket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn joins_work_on_a_waiters_table_without_the_mark_index() {
+    let (p, waiters) = own_table("no_mark_index");
+    let pool = p.pool().unwrap();
+    p.migrate().await.unwrap();
+    let index = waiters.replace("_waiters\"", "_waiters_mark\"");
+    sqlx::query(&format!("DROP INDEX {index}"))
+        .execute(pool)
+        .await
+        .unwrap();
+    let table = waiters
+        .trim_start_matches("\"public\".\"")
+        .trim_end_matches("_waiters\"");
+    let q = PostgresProvider::new(
+        PostgresConfig::new(store_url("LEASE_TEST_POSTGRES_URL"))
+            .table("public", table)
+            .create_table(false)
+            .timeouts(TIMEOUT, TIMEOUT),
+    )
+    .unwrap();
+    let queue = q.wait_queue().expect("PostgreSQL has a queue of waiters");
+    let k = LeaseKey::new(unique("no-index")).unwrap();
+    let mark = Ticket::random_mark();
+    let first = queue.join(&k, TTL, mark).await.unwrap();
+    let retried = queue.join(&k, TTL, mark).await.unwrap();
+    assert_eq!(
+        first.seq(),
+        retried.seq(),
+        "a retried join made a second ticket"
+    );
+    assert_eq!(queue.place(&first).await.unwrap(), Place::First);
+    queue.leave(&first).await.unwrap();
+    sqlx::query(&format!(
+        "DROP TABLE {waiters}, {}",
+        waiters.replace("_waiters", "")
+    ))
+    .execute(pool)
+    .await
+    .unwrap();
+}
