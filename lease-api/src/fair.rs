@@ -62,10 +62,17 @@ impl<P: LeaseProvider + ?Sized + 'static> Held<P> {
     /// on ZooKeeper would stand in line for the whole session.
     fn leave_now(&mut self) {
         let ticket = self.ticket.take();
-        let lost_join = std::mem::take(&mut self.join_failed);
+        // Only where a retried join finds the lost join's ticket: etcd and
+        // ZooKeeper remove it by themselves, and a join there would add one.
+        let lost_join = std::mem::take(&mut self.join_failed)
+            && self
+                .provider
+                .wait_queue()
+                .is_some_and(|q| q.retried_join_finds_its_ticket());
         if ticket.is_none() && !lost_join {
             return;
         }
+        let ticket_ttl = self.provider.capabilities().practical_ttl(MIN_TICKET_TTL);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -80,7 +87,7 @@ impl<P: LeaseProvider + ?Sized + 'static> Held<P> {
             for _ in 0..8 {
                 let t = match ticket.take() {
                     Some(t) => t,
-                    None => match queue.join(&key, MIN_TICKET_TTL, mark).await {
+                    None => match queue.join(&key, ticket_ttl, mark).await {
                         Ok(t) => t,
                         Err(e) if e.is_transient() => {
                             tracing::debug!(key = %key, error = %e, "could not clear a lost join's ticket yet; retrying");

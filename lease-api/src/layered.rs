@@ -327,6 +327,11 @@ impl<P: LeaseProvider + ?Sized, H: Hook> WaitQueue for QueueLayer<P, H> {
         .await
     }
 
+    fn retried_join_finds_its_ticket(&self) -> bool {
+        self.queue()
+            .is_ok_and(|q| q.retried_join_finds_its_ticket())
+    }
+
     async fn place(&self, ticket: &Ticket) -> Result<Place> {
         through(&*self.hook, Op::QueuePlace { ticket }, || async {
             self.queue()?.place(ticket).await
@@ -454,6 +459,9 @@ mod tests {
         async fn join(&self, key: &LeaseKey, ttl: Duration, mark: u64) -> Result<Ticket> {
             note(&self.calls, "queue.join");
             WaitQueue::join(&self.memory, key, ttl, mark).await
+        }
+        fn retried_join_finds_its_ticket(&self) -> bool {
+            WaitQueue::retried_join_finds_its_ticket(&self.memory)
         }
         async fn place(&self, ticket: &Ticket) -> Result<Place> {
             note(&self.calls, "queue.place");

@@ -391,6 +391,11 @@ impl LeaseProvider for MemoryProvider {
 
 #[async_trait]
 impl WaitQueue for MemoryProvider {
+    /// A retried join renews the live ticket of its mark.
+    fn retried_join_finds_its_ticket(&self) -> bool {
+        true
+    }
+
     async fn join(&self, key: &LeaseKey, ttl: Duration, mark: u64) -> Result<Ticket> {
         let ttl = self.caps.grant_ttl(ttl)?;
         let now = Instant::now();

@@ -119,6 +119,15 @@ pub trait WaitQueue: Send + Sync {
     /// returned (etcd revokes its lease, ZooKeeper deletes the marked node).
     async fn join(&self, key: &LeaseKey, ttl: Duration, mark: u64) -> Result<Ticket>;
 
+    /// Whether a join retried with a lost join's mark finds the ticket that
+    /// join made (Redis, PostgreSQL, memory), rather than the store having
+    /// removed it by itself (etcd, ZooKeeper). A fair waiter that gives up
+    /// right after a lost join clears the ticket that way only where this
+    /// is true. Default: `false`.
+    fn retried_join_finds_its_ticket(&self) -> bool {
+        false
+    }
+
     /// Where `ticket` stands; tickets past their TTL do not count.
     async fn place(&self, ticket: &Ticket) -> Result<Place>;
 

@@ -18,6 +18,11 @@ use crate::sql::ticket_payload;
 /// passed.
 #[async_trait]
 impl WaitQueue for PostgresProvider {
+    /// A retried join renews the live ticket of its mark.
+    fn retried_join_finds_its_ticket(&self) -> bool {
+        true
+    }
+
     async fn join(&self, key: &LeaseKey, ttl: Duration, mark: u64) -> Result<Ticket> {
         let ttl = self.capabilities().grant_ttl(ttl)?;
         self.ready().await?;

@@ -24,6 +24,11 @@ impl RedisProvider {
 /// for; a dead waiter's ticket is dropped once its deadline passed.
 #[async_trait]
 impl WaitQueue for RedisProvider {
+    /// A retried join renews the live ticket of its mark.
+    fn retried_join_finds_its_ticket(&self) -> bool {
+        true
+    }
+
     async fn join(&self, key: &LeaseKey, ttl: Duration, mark: u64) -> Result<Ticket> {
         let ttl = self.capabilities().grant_ttl(ttl)?;
         let k = self.queue_keys(key);
