@@ -165,3 +165,109 @@ async fn an_extend_reaches_a_node_that_answers_after_the_majority() {
     );
     p.release(&renewed).await.unwrap();
 }
+
+/// A node that grants an acquire only after the majority decided the round
+/// still gets the lease's token: without it, its copy keeps the token of its
+/// own counter, which every extend refuses, and the lease lives on the first
+/// majority alone, so losing one of those nodes takes it (as
+/// losing_two_of_five... did under load). Here node 2 is frozen while the
+/// round is decided by nodes 0 and 1, thawed within the node timeout, and
+/// then node 0 is killed: nodes 1 and 2 must still renew the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_grants_after_the_majority_gets_the_leases_token() {
+    let mut nodes = tokio::task::spawn_blocking(|| RedisNodes::start(3))
+        .await
+        .unwrap();
+    let urls = nodes.urls();
+    // A node timeout (a tenth of the TTL, at most the response timeout) of
+    // 6 s: node 2 is thawed well within it even on a loaded machine.
+    let p = RedlockProvider::new(
+        RedlockConfig::new(urls.clone())
+            .namespace(unique("late-grant"))
+            .timeouts(Duration::from_secs(2), Duration::from_secs(10)),
+    )
+    .unwrap();
+    let ttl = p.capabilities().practical_ttl(Duration::from_secs(60));
+    let k = LeaseKey::new("late-grant").unwrap();
+    // The key used once (scripts loaded, fence counters made on every node).
+    let w = until_ok(|| p.try_acquire(&k, ttl))
+        .await
+        .into_lease()
+        .expect("free");
+    p.release(&w).await.unwrap();
+    // Every node's call of that acquire and release has run.
+    p.flush(Duration::from_secs(10)).await;
+    // Node 2's counter runs ahead, so its own token differs from the one
+    // nodes 0 and 1 agree on.
+    let mut late = redis::Client::open(urls[2].as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*late-grant*")
+        .query_async(&mut late)
+        .await
+        .unwrap();
+    let mut counters = 0;
+    for key in &keys {
+        if let Ok(v) = redis::cmd("GET")
+            .arg(key)
+            .query_async::<String>(&mut late)
+            .await
+            && v.parse::<i64>().is_ok()
+        {
+            redis::cmd("INCRBY")
+                .arg(key)
+                .arg(100)
+                .query_async::<i64>(&mut late)
+                .await
+                .unwrap();
+            counters += 1;
+        }
+    }
+    assert_eq!(counters, 1, "node 2's fence counter among {keys:?}");
+    nodes.members()[2].freeze();
+    let lease = p.try_acquire(&k, ttl).await;
+    nodes.members()[2].thaw();
+    let lease = lease
+        .expect("two of three nodes granted it")
+        .into_lease()
+        .expect("the key is free");
+    // Until node 2's copy carries the lease's token (the raise runs in the
+    // background once node 2 answers).
+    let want = format!(":{}:", lease.token());
+    let give_up = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("*late-grant*")
+            .query_async(&mut late)
+            .await
+            .unwrap();
+        let mut values = Vec::new();
+        for key in &keys {
+            if let Ok(v) = redis::cmd("GET")
+                .arg(key)
+                .query_async::<String>(&mut late)
+                .await
+            {
+                values.push(v);
+            }
+        }
+        if values.iter().any(|v| v.contains(&want)) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < give_up,
+            "node 2's copy never got token {}: {values:?}",
+            lease.token()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    nodes.members_mut()[0].kill();
+    let renewed = p.extend(&lease, ttl).await;
+    assert!(
+        renewed.is_ok(),
+        "nodes 1 and 2 hold the lease, yet the extend failed: {renewed:?}"
+    );
+}

@@ -63,6 +63,50 @@ pub(super) enum Round {
 }
 
 impl RedlockProvider {
+    /// After a won round, the nodes that had not answered yet: each that
+    /// grants later with a token of its own gets the lease's token too
+    /// (RAISE, in the background),
+    /// or its copy would keep its own token, which every extend refuses, and
+    /// the lease would live on the first majority alone: losing a minority
+    /// of the nodes could then take it.
+    fn raise_late_nodes(
+        &self,
+        mut late: tokio::sync::mpsc::Receiver<(usize, Reply)>,
+        (lease_key, fence_key): (String, String),
+        owner_hex: &str,
+        token: u64,
+        holder: &str,
+        limit: Duration,
+    ) {
+        let inner = Arc::clone(&self.inner);
+        let args = [owner_hex.to_owned(), token.to_string(), holder.to_owned()];
+        self.inner.cleanups.spawn(async move {
+            while let Some((i, reply)) = late.recv().await {
+                // A copy that already carries the lease's token (counters
+                // in agreement, the steady state) needs nothing.
+                if !matches!(reply, Reply::Yes(t) if t != token) {
+                    continue;
+                }
+                let keys = [lease_key.as_str(), fence_key.as_str()];
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                let raised = bounded(
+                    "a Redlock node's raise",
+                    limit,
+                    inner.nodes[i].eval::<i64>(&RAISE, &keys, &args),
+                    |e| e,
+                )
+                .await;
+                if !matches!(raised, Ok(1)) {
+                    tracing::debug!(
+                        node = i,
+                        ?raised,
+                        "a late Redlock node kept its own token; the lease lives on the others"
+                    );
+                }
+            }
+        });
+    }
+
     /// One round of Redlock's acquire on every node (plus the raise step when a
     /// majority granted it). The round closes as soon as a majority decided:
     /// a slow or frozen node does not hold it up, and what it does later is
@@ -148,6 +192,14 @@ impl RedlockProvider {
             let lease = Lease::new(key.clone(), FencingToken(token), owner, ttl, sent_at)
                 .with_holder(Arc::clone(&holder));
             if raised >= quorum && Instant::now() < lease.valid_until() {
+                self.raise_late_nodes(
+                    rx,
+                    (lease_key, fence_key),
+                    &owner_hex,
+                    token,
+                    &holder,
+                    limit,
+                );
                 return Ok(Round::Won(lease));
             }
         }

@@ -306,11 +306,15 @@ impl RedlockProvider {
 
     fn unavailable(&self, errors: Vec<LeaseError>) -> LeaseError {
         let n = self.inner.nodes.len();
+        // Every node's error, so that an operator sees which failed how.
+        let said: Vec<String> = errors.iter().map(ToString::to_string).collect();
         let first = errors.into_iter().next();
         LeaseError::Unavailable {
             message: format!(
-                "no majority of the {n} Redlock nodes could be reached (need {})",
-                self.inner.quorum
+                "no majority of the {n} Redlock nodes could be reached (need {}; {} failed: {})",
+                self.inner.quorum,
+                said.len(),
+                said.join("; ")
             ),
             source: first.map(|e| Box::new(e) as _),
         }
