@@ -18,6 +18,8 @@ mod proxy;
 mod raw;
 mod report;
 mod results;
+mod scale;
+mod sections;
 mod sessions;
 mod stores;
 
@@ -85,6 +87,18 @@ struct Opts {
     /// fairness.json; see scripts/bench-fairness).
     #[arg(long)]
     fairness: bool,
+    /// Run only the scaling section: C tasks share one client, each looping
+    /// take-and-release on its own key, for ours, the raw floor and the peer
+    /// crates (writes scaling.json, scaling.svg and the scaling section of
+    /// BENCHMARKS.md; see scripts/bench-scale).
+    #[arg(long)]
+    scale: bool,
+    /// The numbers of tasks the scaling section runs.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,256")]
+    tasks: Vec<usize>,
+    /// Seconds per scaling cell (default 5; 0.3 with --smoke).
+    #[arg(long)]
+    scale_secs: Option<f64>,
     /// Leases per session (default 100000; 500 with --smoke).
     #[arg(long)]
     session_leases: Option<usize>,
@@ -137,6 +151,27 @@ async fn main() {
         eprintln!(
             "lease-bench: wrote {}",
             opts.out.join("CLAIMS.md").display()
+        );
+        return;
+    }
+    if opts.scale {
+        let plan = scale::Plan {
+            tasks: opts.tasks.iter().map(|&c| c.max(1)).collect(),
+            run_for: Duration::from_secs_f64(
+                opts.scale_secs
+                    .unwrap_or(if opts.smoke { 0.3 } else { 5.0 })
+                    .clamp(0.05, 3600.0),
+            ),
+            runs: opts.runs.unwrap_or(if opts.smoke { 1 } else { 3 }).max(1),
+            smoke: opts.smoke,
+        };
+        if let Err(e) = scale::run(&opts.backends, &plan, &opts.out).await {
+            eprintln!("lease-bench: scale: {e}");
+            std::process::exit(1);
+        }
+        eprintln!(
+            "lease-bench: wrote the scaling section of {}",
+            opts.out.join("BENCHMARKS.md").display()
         );
         return;
     }

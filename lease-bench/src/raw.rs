@@ -38,7 +38,7 @@ struct RedisRaw {
     name: &'static str,
 }
 
-async fn redis_conns(urls: &[String]) -> Result<Vec<redis::aio::ConnectionManager>> {
+pub(crate) async fn redis_conns(urls: &[String]) -> Result<Vec<redis::aio::ConnectionManager>> {
     let mut conns = Vec::new();
     for u in urls {
         let client = redis::Client::open(u.as_str()).map_err(err)?;
@@ -172,7 +172,7 @@ struct PgRaw {
     url: String,
 }
 
-const PG_RAW_ACQUIRE: &str = "INSERT INTO lease_bench_raw (k, owner, expires) VALUES ($1, $3, clock_timestamp() + $2::bigint * interval '1 millisecond')
+pub(crate) const PG_RAW_ACQUIRE: &str = "INSERT INTO lease_bench_raw (k, owner, expires) VALUES ($1, $3, clock_timestamp() + $2::bigint * interval '1 millisecond')
              ON CONFLICT (k) DO UPDATE SET owner = EXCLUDED.owner, expires = EXCLUDED.expires
              WHERE lease_bench_raw.expires <= clock_timestamp() RETURNING 1";
 
@@ -444,7 +444,7 @@ struct ZkRaw {
     hosts: String,
 }
 
-fn zk_path(dir: &str, key: &str) -> String {
+pub(crate) fn zk_path(dir: &str, key: &str) -> String {
     let enc: String = key
         .bytes()
         .map(|b| {
@@ -535,7 +535,7 @@ struct ZkLock {
     held: HashMap<String, zk::OwnedLockClient>,
 }
 
-async fn zk_lock(client: &zk::Client, key: &str) -> Result<zk::OwnedLockClient> {
+pub(crate) async fn zk_lock(client: &zk::Client, key: &str) -> Result<zk::OwnedLockClient> {
     let dir = zk_path("/lease-bench-peer", key);
     let prefix = zk::LockPrefix::new_curator(&dir, "lock-").map_err(err)?;
     let parent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
@@ -593,7 +593,7 @@ impl Peer for ZkLock {
     }
 }
 
-async fn zk_client(hosts: &str) -> Result<zk::Client> {
+pub(crate) async fn zk_client(hosts: &str) -> Result<zk::Client> {
     zk::Client::connector()
         .with_session_timeout(Duration::from_secs(10))
         .connect(hosts)
@@ -601,7 +601,7 @@ async fn zk_client(hosts: &str) -> Result<zk::Client> {
         .map_err(err)
 }
 
-async fn zk_dir(client: &zk::Client, dir: &str) -> Result<()> {
+pub(crate) async fn zk_dir(client: &zk::Client, dir: &str) -> Result<()> {
     match client
         .create(
             dir,

@@ -135,7 +135,7 @@ fn lat(s: &Stats) -> String {
     format!("{:.0} / {:.0} / {:.0}", s.p50_us, s.p90_us, s.p99_us)
 }
 
-fn machine() -> String {
+pub(crate) fn machine() -> String {
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     let model = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -158,7 +158,7 @@ fn machine() -> String {
     format!("{cpus} cores ({model}), {mem:.0} GiB, Linux; stores on loopback")
 }
 
-fn today() -> String {
+pub(crate) fn today() -> String {
     std::process::Command::new("date")
         .arg("-u")
         .arg("+%Y-%m-%d %H:%M UTC")
@@ -447,6 +447,10 @@ pub fn write(
     if !smoke {
         // Judgement, not data: written by hand, read against the tables above.
         let _ = writeln!(md, "\n{}", include_str!("where_we_lose.md").trim_end());
+    }
+    // The scaling section comes from its own run (`--scale`): keep it.
+    if let Some(section) = crate::sections::kept(out) {
+        let _ = writeln!(md, "\n{section}");
     }
     std::fs::write(out.join("BENCHMARKS.md"), md)
 }

@@ -1,0 +1,420 @@
+//! What the scaling section runs, each as one operation on a task's own key
+//! (take it, release it) over one client that every task shares: our
+//! provider, the raw floor (the store commands that give the same guarantees:
+//! a fencing counter and a release notification where our provider has them)
+//! and the peer crates.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+use leases::{LeaseKey, LeaseProvider, Result, Store, TryAcquire};
+use redis::Script;
+use zookeeper_client as zk;
+
+use crate::common::err;
+use crate::raw::{PG_RAW_ACQUIRE, redis_conns, zk_client, zk_dir, zk_path};
+
+/// A task's key: the text the raw and peer clients use, and the lease key.
+pub(crate) struct TaskKey {
+    pub(crate) text: String,
+    pub(crate) lease: LeaseKey,
+}
+
+impl TaskKey {
+    pub(crate) fn new(text: String) -> Result<TaskKey> {
+        Ok(TaskKey {
+            lease: LeaseKey::new(text.clone())?,
+            text,
+        })
+    }
+}
+
+/// One thing to measure.
+#[async_trait]
+pub(crate) trait Target: Send + Sync {
+    /// `lease`, `raw` or `peer`.
+    fn kind(&self) -> &'static str;
+    /// What it runs, for the report.
+    fn what(&self) -> &'static str;
+    /// Takes the key and releases it; `false` when the key was found held.
+    async fn cycle(&self, key: &TaskKey) -> Result<bool>;
+}
+
+/// Our provider: `try_acquire`, then `release`.
+pub(crate) struct Ours {
+    pub(crate) provider: Arc<dyn LeaseProvider>,
+    pub(crate) ttl: Duration,
+}
+
+#[async_trait]
+impl Target for Ours {
+    fn kind(&self) -> &'static str {
+        "lease"
+    }
+    fn what(&self) -> &'static str {
+        "LeaseProvider::try_acquire + release"
+    }
+    async fn cycle(&self, key: &TaskKey) -> Result<bool> {
+        match self.provider.try_acquire(&key.lease, self.ttl).await? {
+            TryAcquire::Acquired(lease) => {
+                self.provider.release(&lease).await?;
+                Ok(true)
+            }
+            TryAcquire::Held { .. } => Ok(false),
+        }
+    }
+}
+
+/// Redis, one node or every Redlock node in parallel: a script that sets the
+/// key if absent and counts the fence, and one that deletes it if still ours
+/// and publishes the release, each on the node's one multiplexed connection.
+struct RedisFloor {
+    conns: Vec<redis::aio::ConnectionManager>,
+    acquire: Script,
+    release: Script,
+    what: &'static str,
+}
+
+const TTL_MS: u64 = 30_000;
+
+impl RedisFloor {
+    async fn on_every_node(&self, script: &Script, key: &str) -> Result<bool> {
+        let fence = format!("{{{key}}}:fence");
+        let calls = self.conns.iter().map(|c| {
+            let mut c = c.clone();
+            let mut call = script.key(key);
+            call.key(&fence).arg("owner").arg(TTL_MS);
+            async move { call.invoke_async::<i64>(&mut c).await }
+        });
+        let mut all = true;
+        for r in futures_util::future::join_all(calls).await {
+            all &= r.map_err(err)? > 0;
+        }
+        Ok(all)
+    }
+}
+
+#[async_trait]
+impl Target for RedisFloor {
+    fn kind(&self) -> &'static str {
+        "raw"
+    }
+    fn what(&self) -> &'static str {
+        self.what
+    }
+    async fn cycle(&self, key: &TaskKey) -> Result<bool> {
+        if !self.on_every_node(&self.acquire, &key.text).await? {
+            return Ok(false);
+        }
+        self.on_every_node(&self.release, &key.text).await?;
+        Ok(true)
+    }
+}
+
+async fn redis_floor(urls: &[String], what: &'static str) -> Result<RedisFloor> {
+    Ok(RedisFloor {
+        conns: redis_conns(urls).await?,
+        acquire: Script::new(
+            "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then \
+               return redis.call('INCR', KEYS[2]) end return 0",
+        ),
+        release: Script::new(
+            "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) \
+               redis.call('PUBLISH', KEYS[1], '0') return 1 end return 0",
+        ),
+        what,
+    })
+}
+
+/// PostgreSQL: the upsert that takes an expired or absent row, then a delete
+/// that notifies, on a pool of as many connections as our provider's default
+/// (sqlx's ping on every hand-out switched off: a floor pays no extra trip).
+struct PgFloor {
+    pool: sqlx::PgPool,
+}
+
+#[async_trait]
+impl Target for PgFloor {
+    fn kind(&self) -> &'static str {
+        "raw"
+    }
+    fn what(&self) -> &'static str {
+        "upsert + delete with pg_notify, sqlx pool of 10"
+    }
+    async fn cycle(&self, key: &TaskKey) -> Result<bool> {
+        let won = sqlx::query(PG_RAW_ACQUIRE)
+            .bind(&key.text)
+            .bind(i64::try_from(TTL_MS).unwrap_or(i64::MAX))
+            .bind("o")
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(err)?;
+        if won.is_none() {
+            return Ok(false);
+        }
+        sqlx::query(
+            "WITH d AS (DELETE FROM lease_bench_raw WHERE k = $1 AND owner = 'o' RETURNING 1)
+             SELECT pg_notify('lease_bench_raw', $1) FROM d",
+        )
+        .bind(&key.text)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(err)?;
+        Ok(true)
+    }
+}
+
+/// etcd: grant a lease, put the key with it if absent (one txn); a guarded
+/// delete, then revoke in the background, as our provider does.
+struct EtcdFloor {
+    client: etcd_client::Client,
+}
+
+#[async_trait]
+impl Target for EtcdFloor {
+    fn kind(&self) -> &'static str {
+        "raw"
+    }
+    fn what(&self) -> &'static str {
+        "lease grant + create-if-absent txn, guarded delete txn + revoke, one etcd-client"
+    }
+    async fn cycle(&self, key: &TaskKey) -> Result<bool> {
+        let mut c = self.client.clone();
+        let id = c.lease_grant(30, None).await.map_err(err)?.id();
+        let k = key.text.as_str();
+        let take = Txn::new()
+            .when(vec![Compare::create_revision(k, CompareOp::Equal, 0)])
+            .and_then(vec![TxnOp::put(
+                k,
+                "o",
+                Some(PutOptions::new().with_lease(id)),
+            )]);
+        let won = c.txn(take).await.map_err(err)?.succeeded();
+        if won {
+            let drop_it = Txn::new()
+                .when(vec![Compare::lease(k, CompareOp::Equal, id)])
+                .and_then(vec![TxnOp::delete(k, None)]);
+            c.txn(drop_it).await.map_err(err)?;
+        }
+        tokio::spawn(async move { c.lease_revoke(id).await });
+        Ok(won)
+    }
+}
+
+/// ZooKeeper: create an ephemeral node, delete it, on one session.
+struct ZkFloor {
+    client: zk::Client,
+}
+
+const ZK_DIR: &str = "/lease-bench-raw";
+
+#[async_trait]
+impl Target for ZkFloor {
+    fn kind(&self) -> &'static str {
+        "raw"
+    }
+    fn what(&self) -> &'static str {
+        "create ephemeral + delete, one zookeeper-client session"
+    }
+    async fn cycle(&self, key: &TaskKey) -> Result<bool> {
+        let path = zk_path(ZK_DIR, &key.text);
+        let opts = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
+        match self.client.create(&path, b"o", &opts).await {
+            Ok(_) => {}
+            Err(zk::Error::NodeExists) => return Ok(false),
+            Err(e) => return Err(err(e)),
+        }
+        self.client.delete(&path, None).await.map_err(err)?;
+        Ok(true)
+    }
+}
+
+/// etcd's lock service: grant a lease, Lock, Unlock, revoke in the background.
+struct EtcdLockPeer {
+    client: etcd_client::Client,
+}
+
+#[async_trait]
+impl Target for EtcdLockPeer {
+    fn kind(&self) -> &'static str {
+        "peer"
+    }
+    fn what(&self) -> &'static str {
+        "etcd's lock service (lease grant + Lock / Unlock) through etcd-client"
+    }
+    async fn cycle(&self, key: &TaskKey) -> Result<bool> {
+        let mut c = self.client.clone();
+        let id = c.lease_grant(30, None).await.map_err(err)?.id();
+        let held = c
+            .lock(
+                key.text.as_str(),
+                Some(etcd_client::LockOptions::new().with_lease(id)),
+            )
+            .await
+            .map_err(err)?;
+        c.unlock(held.key().to_vec()).await.map_err(err)?;
+        tokio::spawn(async move { c.lease_revoke(id).await });
+        Ok(true)
+    }
+}
+
+/// zookeeper-client's lock recipe; its node is deleted in the background when
+/// the lock is dropped, and the task's next lock queues behind it.
+struct ZkLockPeer {
+    client: zk::Client,
+}
+
+#[async_trait]
+impl Target for ZkLockPeer {
+    fn kind(&self) -> &'static str {
+        "peer"
+    }
+    fn what(&self) -> &'static str {
+        "zookeeper-client's lock recipe (sequential ephemeral nodes)"
+    }
+    async fn cycle(&self, key: &TaskKey) -> Result<bool> {
+        drop(crate::raw::zk_lock(&self.client, &key.text).await?);
+        Ok(true)
+    }
+}
+
+/// rslock with one try per lock (a try-acquire), on one or more nodes.
+#[cfg(feature = "peers")]
+struct RsLockPeer {
+    manager: rslock::LockManager,
+}
+
+#[cfg(feature = "peers")]
+#[async_trait]
+impl Target for RsLockPeer {
+    fn kind(&self) -> &'static str {
+        "peer"
+    }
+    fn what(&self) -> &'static str {
+        "rslock 0.10 (LockManager::lock with one try / unlock)"
+    }
+    async fn cycle(&self, key: &TaskKey) -> Result<bool> {
+        match self
+            .manager
+            .lock(key.text.as_bytes(), Duration::from_millis(TTL_MS))
+            .await
+        {
+            Ok(lock) => {
+                self.manager.unlock(&lock).await;
+                Ok(true)
+            }
+            Err(rslock::LockError::Unavailable) => Ok(false),
+            Err(e) => Err(err(e)),
+        }
+    }
+}
+
+/// distributed-lock-postgres: a session advisory lock on its pooled connection.
+#[cfg(feature = "peers")]
+struct DistributedLockPgPeer {
+    provider: distributed_lock_postgres::PostgresLockProvider,
+}
+
+#[cfg(feature = "peers")]
+#[async_trait]
+impl Target for DistributedLockPgPeer {
+    fn kind(&self) -> &'static str {
+        "peer"
+    }
+    fn what(&self) -> &'static str {
+        "distributed-lock-postgres 0.2 (try_acquire / release: session advisory lock)"
+    }
+    async fn cycle(&self, key: &TaskKey) -> Result<bool> {
+        use distributed_lock_core::{DistributedLock, LockHandle, LockProvider};
+        match self
+            .provider
+            .create_lock(&key.text)
+            .try_acquire()
+            .await
+            .map_err(err)?
+        {
+            Some(handle) => {
+                handle.release().await.map_err(err)?;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+}
+
+/// The raw floor and the peers for a store, each with its one shared client.
+pub(crate) async fn others(store: &Store) -> Result<Vec<Arc<dyn Target>>> {
+    let mut out: Vec<Arc<dyn Target>> = Vec::new();
+    match store {
+        Store::Redis(url) => {
+            let urls = std::slice::from_ref(url);
+            out.push(Arc::new(
+                redis_floor(
+                    urls,
+                    "SET NX PX + INCR fence script, compare-and-DEL + PUBLISH script, one multiplexed connection",
+                )
+                .await?,
+            ));
+            #[cfg(feature = "peers")]
+            out.push(rslock_peer(urls));
+        }
+        Store::Redlock(urls) => {
+            out.push(Arc::new(
+                redis_floor(
+                    urls,
+                    "the Redis floor's two scripts on every node in parallel, one multiplexed connection each",
+                )
+                .await?,
+            ));
+            #[cfg(feature = "peers")]
+            out.push(rslock_peer(urls));
+        }
+        Store::Postgres { url, .. } => {
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(10)
+                .test_before_acquire(false)
+                .connect(url)
+                .await
+                .map_err(err)?;
+            sqlx::query("CREATE TABLE IF NOT EXISTS lease_bench_raw (k text PRIMARY KEY, owner text, expires timestamptz)")
+                .execute(&pool)
+                .await
+                .map_err(err)?;
+            out.push(Arc::new(PgFloor { pool }));
+            #[cfg(feature = "peers")]
+            out.push(Arc::new(DistributedLockPgPeer {
+                provider: distributed_lock_postgres::PostgresLockProvider::new(url.as_str())
+                    .await
+                    .map_err(err)?,
+            }));
+        }
+        Store::Etcd { endpoints, .. } => {
+            let client = etcd_client::Client::connect(endpoints, None)
+                .await
+                .map_err(err)?;
+            out.push(Arc::new(EtcdFloor {
+                client: client.clone(),
+            }));
+            out.push(Arc::new(EtcdLockPeer { client }));
+        }
+        Store::Zk { hosts, .. } => {
+            let client = zk_client(hosts).await?;
+            zk_dir(&client, ZK_DIR).await?;
+            out.push(Arc::new(ZkFloor {
+                client: client.clone(),
+            }));
+            out.push(Arc::new(ZkLockPeer { client }));
+        }
+        _ => {}
+    }
+    Ok(out)
+}
+
+#[cfg(feature = "peers")]
+fn rslock_peer(urls: &[String]) -> Arc<dyn Target> {
+    let mut manager = rslock::LockManager::new(urls.to_vec());
+    manager.set_retry(1, Duration::from_millis(1));
+    Arc::new(RsLockPeer { manager })
+}
