@@ -199,7 +199,12 @@ impl Election {
     /// change (`None` while nobody leads). A release or expiry wakes it by
     /// the store's notification; a new term after a vacancy is seen within
     /// a tenth of the TTL, at most 100 ms (stores announce releases, not
-    /// acquisitions, so a vacancy is polled).
+    /// acquisitions, so a vacancy is polled). Where the provider's watch
+    /// reports state ([`LeaseProvider::watch_reports_state`]: it waits for
+    /// the key to be free, from when it starts waiting), a handover from one
+    /// leader to the next just before that is no release it can see: there
+    /// the stream looks again at least every tenth of the TTL, between
+    /// 100 ms and 1 s, so a new term is still reported while it lasts.
     /// Terms that start and end between two looks are skipped; the tokens
     /// show it. On Redlock a look reads every node, not one atomic state:
     /// under contention it may report an acquisition still in flight (one
@@ -210,6 +215,13 @@ impl Election {
         let this = self.clone();
         let vacancy_poll =
             (self.ttl / 10).clamp(Duration::from_millis(5), Duration::from_millis(100));
+        // A watch that waits for the key to be free (PostgreSQL's lock queue)
+        // starts waiting after the look: a handover in between leaves it
+        // waiting for the new leader's end. Look again this often there.
+        let relook = self
+            .provider
+            .watch_reports_state()
+            .then(|| (self.ttl / 10).clamp(Duration::from_millis(100), Duration::from_secs(1)));
         futures_util::stream::unfold(
             (this, None::<Option<Term>>, Duration::from_millis(100)),
             move |(this, last, mut watch_retry)| async move {
@@ -240,7 +252,8 @@ impl Election {
                     }
                     match (info, watch.as_mut()) {
                         (Some(i), Some(w)) => {
-                            w.changed(i.remaining.saturating_add(Duration::from_millis(1)))
+                            let until_expiry = i.remaining.saturating_add(Duration::from_millis(1));
+                            w.changed(relook.map_or(until_expiry, |r| r.min(until_expiry)))
                                 .await
                         }
                         _ => tokio::time::sleep(vacancy_poll).await,
