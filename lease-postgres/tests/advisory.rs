@@ -346,3 +346,69 @@ async fn a_renewal_does_not_wait_for_the_holders_own_fenced_transaction() {
     assert_eq!(info.token, renewed.token());
     p.release(&renewed).await.unwrap();
 }
+
+/// `inspect` names a holder only while that holder's own session holds the
+/// lock. A release unlocks at once but its row change commits a moment
+/// later; a session that took the lock in between (a waiter's watch, the
+/// next acquirer) made inspect report the releasing holder again, so an
+/// election follower saw one term twice and then waited out the next. Here
+/// the row is kept uncommitted by hand, the holder's session ended and
+/// another session takes the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_names_no_holder_whose_session_no_longer_holds_the_lock() {
+    let ns = unique("adv-inspect");
+    let holder = provider(&ns);
+    let looker = provider(&ns);
+    let key = LeaseKey::new("settlement").unwrap();
+    let lease = holder
+        .try_acquire(&key, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    let owner = lease.owner().to_hex();
+    assert!(
+        looker.inspect(&key).await.unwrap().is_some(),
+        "held at first"
+    );
+    let mut control = admin().await;
+    let pids = sessions_of(&mut control, &owner).await;
+    assert_eq!(pids.len(), 1, "one session holds the lease: {pids:?}");
+    // The row as a release leaves it until it commits: still the holder's
+    // to every other session.
+    let mut clearing = admin().await;
+    sqlx::query("BEGIN").execute(&mut clearing).await.unwrap();
+    sqlx::query("UPDATE public.lease_advisory SET owner = NULL WHERE namespace = $1 AND key = $2")
+        .bind(&ns)
+        .bind(key.as_str())
+        .execute(&mut clearing)
+        .await
+        .unwrap();
+    // The holder's session ends, which frees the lock, and another takes it.
+    let done: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1, 5000)")
+        .bind(pids[0])
+        .fetch_one(&mut control)
+        .await
+        .unwrap();
+    assert!(done);
+    let mut other = admin().await;
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(holder.lock_id(&key))
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let seen = looker.inspect(&key).await.unwrap();
+    assert!(
+        seen.is_none(),
+        "inspect names a holder whose session is gone: {seen:?}"
+    );
+    sqlx::query("ROLLBACK")
+        .execute(&mut clearing)
+        .await
+        .unwrap();
+    sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(holder.lock_id(&key))
+        .execute(&mut other)
+        .await
+        .unwrap();
+}

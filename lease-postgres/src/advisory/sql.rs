@@ -103,17 +103,22 @@ impl AdvisorySql {
              )
              SELECT pg_notify($5, $6) FROM gone"
         );
-        // A row says who took the lock last; pg_locks says whether a session
-        // still holds it.
+        // A row says who took the lock last; pg_locks says whether that
+        // holder's own session (named by its owner in its application name)
+        // still holds it. Any session would not do: a release unlocks before
+        // its row change commits, and a session that takes the lock in
+        // between (a waiter's watch, the next acquirer) would make the old
+        // row look held again.
         let inspect = format!(
             "SELECT r.token, r.owner, {remaining}, r.holder FROM {t} r
               WHERE r.namespace = $1 AND r.key = $2 AND r.owner IS NOT NULL
                 AND EXISTS (
-                    SELECT 1 FROM pg_locks k
+                    SELECT 1 FROM pg_locks k JOIN pg_stat_activity a ON a.pid = k.pid
                      WHERE k.locktype = 'advisory' AND k.granted AND k.objsubid = 1
                        AND k.database = (SELECT oid FROM pg_database WHERE datname = current_database())
                        AND k.classid = (($3::bigint >> 32) & 4294967295)::oid
                        AND k.objid = ($3::bigint & 4294967295)::oid
+                       AND a.application_name = 'lease-advisory ' || r.owner
                 )"
         );
         AdvisorySql {
