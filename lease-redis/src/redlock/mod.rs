@@ -73,9 +73,11 @@ struct Vote {
     errors: Vec<LeaseError>,
 }
 
-/// The shortest per-node timeout: below this, loopback scheduling noise alone
-/// would drop nodes from rounds.
-const MIN_NODE_TIMEOUT: Duration = Duration::from_millis(50);
+/// The shortest per-node timeout: below this, scheduling noise alone drops
+/// nodes from rounds. At 50 ms (a 500 ms TTL) every node of a loopback
+/// Redlock missed it at once on a loaded 2-core machine (a first round also
+/// loads the script: three round trips), and a free key was "unavailable".
+const MIN_NODE_TIMEOUT: Duration = Duration::from_millis(100);
 
 impl RedlockProvider {
     /// Sets up a provider; nodes are connected on first use.
