@@ -199,12 +199,14 @@ impl Election {
     /// change (`None` while nobody leads). A release or expiry wakes it by
     /// the store's notification; a new term after a vacancy is seen within
     /// a tenth of the TTL, at most 100 ms (stores announce releases, not
-    /// acquisitions, so a vacancy is polled). Where the provider's watch
-    /// reports state ([`LeaseProvider::watch_reports_state`]: it waits for
-    /// the key to be free, from when it starts waiting), a handover from one
-    /// leader to the next just before that is no release it can see: there
-    /// the stream looks again at least every tenth of the TTL, between
-    /// 100 ms and 1 s, so a new term is still reported while it lasts.
+    /// acquisitions, so a vacancy is polled). Where the provider's watch is
+    /// lazy ([`LeaseProvider::watch_is_lazy`]: it waits for the key to be
+    /// free, from when it starts waiting: PostgreSQL's advisory mode), a
+    /// handover from one leader to the next just before that is no release
+    /// it can see: there the stream also looks again every tenth of the TTL,
+    /// between 1 s and 5 s, so a new term is reported while it lasts. (On
+    /// PostgreSQL each such look ends a lock wait by `lock_timeout`, which
+    /// the server logs as an error at default log settings.)
     /// Terms that start and end between two looks are skipped; the tokens
     /// show it. On Redlock a look reads every node, not one atomic state:
     /// under contention it may report an acquisition still in flight (one
@@ -215,13 +217,13 @@ impl Election {
         let this = self.clone();
         let vacancy_poll =
             (self.ttl / 10).clamp(Duration::from_millis(5), Duration::from_millis(100));
-        // A watch that waits for the key to be free (PostgreSQL's lock queue)
-        // starts waiting after the look: a handover in between leaves it
-        // waiting for the new leader's end. Look again this often there.
+        // A lazy watch (PostgreSQL's lock queue) starts waiting for the key
+        // to be free after the look: a handover in between leaves it waiting
+        // for the new leader's end. Look again this often there.
         let relook = self
             .provider
-            .watch_reports_state()
-            .then(|| (self.ttl / 10).clamp(Duration::from_millis(100), Duration::from_secs(1)));
+            .watch_is_lazy()
+            .then(|| (self.ttl / 10).clamp(Duration::from_secs(1), Duration::from_secs(5)));
         futures_util::stream::unfold(
             (this, None::<Option<Term>>, Duration::from_millis(100)),
             move |(this, last, mut watch_retry)| async move {

@@ -209,6 +209,10 @@ impl<P: LeaseProvider + ?Sized, H: Hook> LeaseProvider for Layered<P, H> {
         self.inner.watch_reports_state()
     }
 
+    fn watch_is_lazy(&self) -> bool {
+        self.inner.watch_is_lazy()
+    }
+
     async fn extend_many(&self, leases: &[Lease]) -> Result<Vec<Result<Lease>>> {
         through(&*self.hook, Op::ExtendMany { leases }, || {
             self.inner.extend_many(leases)
@@ -427,6 +431,10 @@ mod tests {
             note(&self.calls, "watch_reports_state");
             true
         }
+        fn watch_is_lazy(&self) -> bool {
+            note(&self.calls, "watch_is_lazy");
+            true
+        }
         async fn extend_many(&self, leases: &[Lease]) -> Result<Vec<Result<Lease>>> {
             note(&self.calls, "extend_many");
             self.memory.extend_many(leases).await
@@ -575,6 +583,7 @@ mod tests {
         assert_eq!(p.capabilities().backend, "memory");
         assert_eq!(p.namespace(), layered.inner().memory.namespace());
         assert!(p.watch_reports_state());
+        assert!(p.watch_is_lazy());
         assert_eq!(p.batch_limit(), 7);
         let lease = p.try_acquire(&key("a"), TTL).await.unwrap();
         let lease = lease.into_lease().unwrap();
@@ -617,6 +626,7 @@ mod tests {
             "capabilities",
             "namespace",
             "watch_reports_state",
+            "watch_is_lazy",
             "batch_limit",
             "try_acquire",
             "extend",

@@ -73,6 +73,17 @@ pub trait LeaseProvider: Send + Sync + fmt::Debug {
         false
     }
 
+    /// Whether a watch starts watching only when [`KeyWatch::changed`] is
+    /// called, and then waits for the key to be **free** (PostgreSQL's
+    /// advisory lock queue), rather than from when [`watch`](Self::watch)
+    /// returns. Such a watch cannot see a handover from one holder to the
+    /// next that happens before its wait starts, so an observer of holders
+    /// ([`Election::observe`](crate::recipes::Election::observe)) looks again
+    /// now and then. Default `false`.
+    fn watch_is_lazy(&self) -> bool {
+        false
+    }
+
     /// Extends many leases, each by its own [`Lease::ttl`], in as few store
     /// round trips as the store allows, each compared by owner and token in
     /// the store (C6 per lease). One answer per lease, in order: a lease no

@@ -73,4 +73,7 @@ impl LeaseProvider for SessionAcquirer {
     fn watch_reports_state(&self) -> bool {
         self.provider.watch_reports_state()
     }
+    fn watch_is_lazy(&self) -> bool {
+        self.provider.watch_is_lazy()
+    }
 }

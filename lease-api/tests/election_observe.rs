@@ -75,8 +75,8 @@ async fn a_new_leader_with_a_token_already_seen_is_still_reported() {
 }
 
 /// The in-memory store, seen through a watch like PostgreSQL's lock queue:
-/// it starts waiting for the key to be free only when asked to wait, and it
-/// reports state. One look can be held after it read the store, so a test
+/// it starts waiting for the key to be free only when asked to wait (lazy),
+/// and it reports state. One look can be held after it read the store, so a test
 /// can hand the lead over between the look and the wait.
 #[derive(Debug)]
 struct FreeWaiting {
@@ -145,6 +145,9 @@ impl LeaseProvider for FreeWaiting {
     fn watch_reports_state(&self) -> bool {
         true
     }
+    fn watch_is_lazy(&self) -> bool {
+        true
+    }
 }
 
 /// A follower whose watch waits for the key to be free (PostgreSQL's
@@ -183,7 +186,7 @@ async fn a_handover_between_the_look_and_a_free_waiting_watch_is_reported() {
     first.resign().await.unwrap();
     let second = b.campaign().await.unwrap();
     go_tx.send(()).unwrap();
-    let next = tokio::time::timeout(Duration::from_secs(5), next)
+    let next = tokio::time::timeout(Duration::from_secs(10), next)
         .await
         .expect("B's term was not reported while it lasted")
         .unwrap();

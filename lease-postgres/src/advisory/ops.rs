@@ -246,4 +246,10 @@ impl LeaseProvider for AdvisoryProvider {
     fn watch_reports_state(&self) -> bool {
         true
     }
+
+    /// The watch joins the lock queue only when it waits, and wakes only
+    /// when the lock is free: a handover before that is not seen.
+    fn watch_is_lazy(&self) -> bool {
+        true
+    }
 }
