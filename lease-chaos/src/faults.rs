@@ -305,7 +305,12 @@ impl Nemesis<'_> {
                     // With a node picked at random, a cut node whose counter
                     // happened to be ahead hid the regression Volatile
                     // declares (the chaos test failed so in 1 of 13 runs).
-                    let behind = furthest_behind(&node_url, nodes, &run.key).await?;
+                    // A node that cannot be read (down after an earlier
+                    // fault) leaves the choice to chance, as before.
+                    let behind = match furthest_behind(&node_url, nodes, &run.key).await {
+                        Ok(b) => b,
+                        Err(_) => rng.random_range(0..nodes),
+                    };
                     let k = (behind + 1 + rng.random_range(0..nodes - 1)) % nodes;
                     (k, Some(behind))
                 } else {

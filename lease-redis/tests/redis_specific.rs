@@ -339,6 +339,7 @@ async fn redlock_raises_counters_only_when_the_majority_disagrees() {
         // straggler of the last round has answered before each read.
         rl.flush(Duration::from_secs(2)).await;
         let before = raises().await;
+        let on_a_before = raises_run(&a).await.0;
         let next = token_after_acquire(&rl, &k).await;
         assert!(next > t, "token {next} after {t}");
         t = next;
@@ -349,7 +350,12 @@ async fn redlock_raises_counters_only_when_the_majority_disagrees() {
             with_a = true;
             break;
         }
-        assert_eq!(raised, 0, "a majority without a raised");
+        // Only a may have been raised: when it granted after {b, c} decided
+        // the round, with a token of its own, it gets the lease's token (a
+        // copy with another token would refuse every extend).
+        let late = raises_run(&a).await.0 - on_a_before;
+        assert!(late <= 1, "a late a was raised {late} times");
+        assert_eq!(raised - late, 0, "a majority without a raised");
     }
     assert!(with_a, "node a was in no majority in 50 rounds");
     // The raise brought the majority up to the token: it stays above it on
