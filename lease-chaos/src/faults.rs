@@ -464,21 +464,7 @@ for _, k in ipairs(redis.call('KEYS', ARGV[1])) do
   if v > n then n = v end
 end
 return n";
-    let client = redis::Client::open(node).map_err(|e| e.to_string())?;
-    let mut conn = tokio::time::timeout(
-        Duration::from_secs(5),
-        client.get_multiplexed_async_connection(),
-    )
-    .await
-    .map_err(|_| "the node did not answer".to_string())?
-    .map_err(|e| e.to_string())?;
-    let script = redis::Script::new(SCRIPT);
-    let mut invocation = script.prepare_invoke();
-    invocation.arg(format!("*{key}*:fence"));
-    tokio::time::timeout(Duration::from_secs(5), invocation.invoke_async(&mut conn))
-        .await
-        .map_err(|_| "the node did not answer the script".to_string())?
-        .map_err(|e| e.to_string())
+    run_script(node, SCRIPT, &[format!("*{key}*:fence")]).await
 }
 
 /// Moves the expiry of every key of the run on one Redis node by `delta_ms`
@@ -503,6 +489,22 @@ for _, k in ipairs(redis.call('KEYS', ARGV[1])) do
   end
 end
 return n";
+    let mode = if kind == FaultKind::NodeWipe {
+        "wipe"
+    } else {
+        "shift"
+    };
+    run_script(
+        node,
+        SCRIPT,
+        &[format!("*{key}*"), delta_ms.to_string(), mode.to_owned()],
+    )
+    .await
+}
+
+/// Runs `script` with `args` on one Redis node, on a connection of its own,
+/// each step bounded by 5 s.
+async fn run_script(node: &str, script: &str, args: &[String]) -> Result<i64, String> {
     let client = redis::Client::open(node).map_err(|e| e.to_string())?;
     let mut conn = tokio::time::timeout(
         Duration::from_secs(5),
@@ -511,17 +513,12 @@ return n";
     .await
     .map_err(|_| "the node did not answer".to_string())?
     .map_err(|e| e.to_string())?;
-    let pattern = format!("*{key}*");
-    let mode = if kind == FaultKind::NodeWipe {
-        "wipe"
-    } else {
-        "shift"
-    };
-    let script = redis::Script::new(SCRIPT);
+    let script = redis::Script::new(script);
     let mut invocation = script.prepare_invoke();
-    invocation.arg(pattern).arg(delta_ms).arg(mode);
-    let call = invocation.invoke_async(&mut conn);
-    tokio::time::timeout(Duration::from_secs(5), call)
+    for a in args {
+        invocation.arg(a);
+    }
+    tokio::time::timeout(Duration::from_secs(5), invocation.invoke_async(&mut conn))
         .await
         .map_err(|_| "the node did not answer the script".to_string())?
         .map_err(|e| e.to_string())

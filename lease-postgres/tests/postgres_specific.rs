@@ -620,10 +620,9 @@ async fn a_ticket_number_given_again_after_the_queue_was_lost_is_not_the_old_tic
     .unwrap();
 }
 
-/// The answer to a fair waiter's join is lost (the connection drops after
-/// the INSERT committed): the waiter's retry finds its own ticket.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fair_acquire_whose_join_answer_was_lost_does_not_wait_behind_its_own_ticket() {
+/// A private server, a fault proxy in front of it and a provider through
+/// the proxy.
+async fn behind_a_proxy() -> (OwnedProcess, lease_testkit::Proxy, PostgresProvider) {
     let server = owned_postgres();
     let proxy = lease_testkit::Proxy::start(server.port()).await;
     let p = PostgresProvider::new(
@@ -634,6 +633,14 @@ async fn a_fair_acquire_whose_join_answer_was_lost_does_not_wait_behind_its_own_
         .timeouts(TIMEOUT, TIMEOUT),
     )
     .unwrap();
+    (server, proxy, p)
+}
+
+/// The answer to a fair waiter's join is lost (the connection drops after
+/// the INSERT committed): the waiter's retry finds its own ticket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_acquire_whose_join_answer_was_lost_does_not_wait_behind_its_own_ticket() {
+    let (_server, proxy, p) = behind_a_proxy().await;
     // The join is the first statement that carries the key.
     lease_testkit::assert_a_lost_join_answer_costs_no_wait(Arc::new(p), &proxy, |k| {
         k.as_str().as_bytes().to_vec()
@@ -646,16 +653,7 @@ async fn a_fair_acquire_whose_join_answer_was_lost_does_not_wait_behind_its_own_
 /// clear the ticket the store made.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fair_acquire_that_ends_after_a_lost_join_leaves_no_ticket() {
-    let server = owned_postgres();
-    let proxy = lease_testkit::Proxy::start(server.port()).await;
-    let p = PostgresProvider::new(
-        PostgresConfig::new(format!(
-            "postgres://postgres@127.0.0.1:{}/postgres",
-            proxy.port()
-        ))
-        .timeouts(TIMEOUT, TIMEOUT),
-    )
-    .unwrap();
+    let (_server, proxy, p) = behind_a_proxy().await;
     // The join is the first statement that carries the key.
     lease_testkit::assert_a_join_lost_as_the_wait_ends_leaves_no_ticket(Arc::new(p), &proxy, |k| {
         k.as_str().as_bytes().to_vec()
