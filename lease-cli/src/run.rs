@@ -241,10 +241,11 @@ pub(crate) async fn run(
         Ok(supervise::SupervisorExit::Killed(sig)) => {
             // The supervisor was killed outright: its command may still run.
             // Stop it before the lease is given up.
-            let stopped = match group.or_else(|| supervisor.command_group()) {
-                Some(g) => supervise::kill_group_and_wait(g, KILL_WAIT).await,
-                None => true,
-            };
+            let stopped = supervise::kill_orphans_and_wait(
+                group.or_else(|| supervisor.command_group()),
+                KILL_WAIT,
+            )
+            .await;
             if !stopped {
                 // Something of the command still runs: leave the lease to
                 // expire on the store rather than hand the key to another.

@@ -18,7 +18,10 @@
 //!   the lease ends with the command; the supervisor exits with the command's code.
 //!
 //! If the supervisor itself is killed outright (SIGKILL), the holder kills the
-//! command's group before it releases the lease. When standard input is a
+//! command's group before it releases the lease. The holder is a child
+//! subreaper as well, so the command's tree is re-parented to it when the
+//! supervisor dies, and it is reached even if the holder had not yet learned
+//! the command's group. When standard input is a
 //! terminal, the command's group is made the terminal's foreground group, so an
 //! interactive command can read it (and gets the terminal's Ctrl-C), and the
 //! previous foreground group is restored when it exits.
@@ -95,6 +98,11 @@ impl Supervisor {
         // here only (close-on-exec), so it closes when this process dies.
         let (read, write) = pipe2(OFlag::O_CLOEXEC).map_err(std::io::Error::from)?;
         fcntl(&read, FcntlArg::F_SETFD(FdFlag::empty())).map_err(std::io::Error::from)?;
+        if let Err(e) = adopt_orphans() {
+            eprintln!(
+                "lease: cannot become a child subreaper ({e}); if the supervisor is killed before the command's group is known, the command may outlive it"
+            );
+        }
         let exe = std::env::current_exe()?;
         let mut command = tokio::process::Command::new(exe);
         command
@@ -178,17 +186,36 @@ pub fn kill_group(group: Pid) {
     let _ = killpg(group, Signal::SIGKILL);
 }
 
-/// Kills a process group outright and waits, up to `limit`, until none of
-/// its processes runs any more (each is gone or a zombie). SIGKILL is only
-/// pending until the target next leaves the kernel: a process in the middle
-/// of a system call (a write, say) finishes it first. So the lease must not be
-/// given up the moment `killpg` returns. False when some process still runs
-/// at `limit` (stuck in uninterruptible sleep, for one).
-pub async fn kill_group_and_wait(group: Pid, limit: Duration) -> bool {
+/// Makes this process (the holder) a child subreaper, so that if the
+/// supervisor is killed outright, the command and whatever it started are
+/// re-parented to the holder instead of to init, and stay within its reach
+/// even when the holder never learned the command's group.
+pub fn adopt_orphans() -> std::io::Result<()> {
+    nix::sys::prctl::set_child_subreaper(true).map_err(std::io::Error::from)
+}
+
+/// After the supervisor was killed outright: kills `group` (when known) and
+/// every descendant of this process (the supervisor's orphans are this
+/// process's children now, see [`adopt_orphans`]), reaps them, and waits up
+/// to `limit` until no process of the group runs and no descendant is left.
+/// SIGKILL is only pending until its target next leaves the kernel (a process
+/// in the middle of a write finishes it first), so the lease must not be given
+/// up the moment the signal is sent. False when something still runs at
+/// `limit` (stuck in uninterruptible sleep, for one).
+pub async fn kill_orphans_and_wait(group: Option<Pid>, limit: Duration) -> bool {
     let deadline = tokio::time::Instant::now() + limit;
     loop {
-        kill_group(group);
-        if !group_runs(group) {
+        if let Some(g) = group {
+            kill_group(g);
+        }
+        let left = descendants();
+        for &pid in &left {
+            let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+            // Only direct children can be reaped here; the others come to
+            // this process once their parent is reaped.
+            let _ = nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+        }
+        if left.is_empty() && !group.is_some_and(group_runs) {
             return true;
         }
         if tokio::time::Instant::now() >= deadline {

@@ -1017,6 +1017,43 @@ fn a_killed_supervisor_takes_the_command_with_it() {
     assert_eq!(next.status.code(), Some(0), "released: {next:?}");
 }
 
+/// The supervisor is killed before `lease` learned the command's group
+/// (`lease` is frozen from the moment the supervisor appears until after the
+/// kill): the command is re-parented to `lease`, a child subreaper, which
+/// still kills it before giving the lease up.
+#[test]
+fn a_supervisor_killed_before_the_holder_saw_the_command_still_takes_it() {
+    let store = shared("redis");
+    let key = unique("cli-supervisor-killed-early");
+    let dir = TempDir::new("lease-cli");
+    let pidfile = dir.path().join("pid");
+    let script = format!("echo $$ > {}; exec sleep 120", pidfile.display());
+    let mut run = run_args(&store, &key, "30s", &[], &["sh", "-c", &script])
+        .spawn()
+        .unwrap();
+    let children = format!("/proc/{0}/task/{0}/children", run.id());
+    let started = Instant::now();
+    let supervisor: u32 = loop {
+        let listed = std::fs::read_to_string(&children).unwrap_or_default();
+        if let Some(pid) = listed.split_whitespace().next() {
+            break pid.parse().unwrap();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no supervisor started"
+        );
+        std::thread::yield_now();
+    };
+    signal(run.id(), "STOP");
+    let cmd_pid = wait_for_file(&pidfile, Duration::from_secs(20));
+    signal(supervisor, "KILL");
+    signal(run.id(), "CONT");
+    assert_eq!(wait_exit(&mut run, Duration::from_secs(20)), Some(70));
+    assert!(!alive(&cmd_pid), "the command outlived its supervisor");
+    let next = output(run_args(&store, &key, "30s", &[], &["true"]));
+    assert_eq!(next.status.code(), Some(0), "released: {next:?}");
+}
+
 /// A frozen `lease` (SIGSTOP) stops renewing; the supervisor kills a command
 /// that ignores SIGTERM by the lease's local validity, however long --grace is.
 #[test]
