@@ -237,15 +237,34 @@ pub(crate) async fn run(
         }
     };
     let code = match exit {
-        Ok(supervise::SupervisorExit::Code(c)) => c,
+        Ok(supervise::SupervisorExit::Code(c)) => {
+            // The supervisor kills what the command left before it exits, but
+            // gives up after a while (a process stuck in the kernel, say);
+            // whatever it left was re-parented to this process.
+            if supervise::has_descendants()
+                && !supervise::kill_orphans_and_wait(None, KILL_WAIT).await
+            {
+                let _ = guard.detach().await;
+                return fail(
+                    EXIT_SUPERVISOR,
+                    format!(
+                        "processes the command started outlived it and did not die within {}, so {key} is left to expire",
+                        humantime::format_duration(KILL_WAIT)
+                    ),
+                );
+            }
+            c
+        }
         Ok(supervise::SupervisorExit::Killed(sig)) => {
             // The supervisor was killed outright: its command may still run.
-            // Stop it before the lease is given up.
-            let stopped = supervise::kill_orphans_and_wait(
-                group.or_else(|| supervisor.command_group()),
-                KILL_WAIT,
-            )
-            .await;
+            // Stop it before the lease is given up. Without the command's
+            // group and without being a subreaper, nothing says it is gone.
+            let group = group.or_else(|| supervisor.command_group());
+            let stopped = if group.is_none() && !supervisor.adopts_orphans() {
+                false
+            } else {
+                supervise::kill_orphans_and_wait(group, KILL_WAIT).await
+            };
             if !stopped {
                 // Something of the command still runs: leave the lease to
                 // expire on the store rather than hand the key to another.

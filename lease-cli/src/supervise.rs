@@ -80,6 +80,7 @@ pub fn deadline_of(until: tokio::time::Instant) -> u128 {
 pub struct Supervisor {
     child: tokio::process::Child,
     pipe: Option<std::fs::File>,
+    adopts: bool,
 }
 
 impl Supervisor {
@@ -98,11 +99,15 @@ impl Supervisor {
         // here only (close-on-exec), so it closes when this process dies.
         let (read, write) = pipe2(OFlag::O_CLOEXEC).map_err(std::io::Error::from)?;
         fcntl(&read, FcntlArg::F_SETFD(FdFlag::empty())).map_err(std::io::Error::from)?;
-        if let Err(e) = adopt_orphans() {
-            eprintln!(
-                "lease: cannot become a child subreaper ({e}); if the supervisor is killed before the command's group is known, the command may outlive it"
-            );
-        }
+        let adopts = match adopt_orphans() {
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!(
+                    "lease: cannot become a child subreaper ({e}); if the supervisor is killed before the command's group is known, the lease is left to expire"
+                );
+                false
+            }
+        };
         let exe = std::env::current_exe()?;
         let mut command = tokio::process::Command::new(exe);
         command
@@ -125,6 +130,7 @@ impl Supervisor {
         Ok(Supervisor {
             child,
             pipe: Some(std::fs::File::from(write)),
+            adopts,
         })
     }
 
@@ -155,6 +161,12 @@ impl Supervisor {
             .next()
             .and_then(|c| c.parse().ok())
             .map(Pid::from_raw)
+    }
+
+    /// True when this process is a child subreaper ([`adopt_orphans`]), so
+    /// the command comes to it if the supervisor is killed.
+    pub fn adopts_orphans(&self) -> bool {
+        self.adopts
     }
 
     /// True once the supervisor has exited (its status is kept for [`wait`](Self::wait)).
@@ -204,18 +216,24 @@ pub fn adopt_orphans() -> std::io::Result<()> {
 /// `limit` (stuck in uninterruptible sleep, for one).
 pub async fn kill_orphans_and_wait(group: Option<Pid>, limit: Duration) -> bool {
     let deadline = tokio::time::Instant::now() + limit;
+    let mut group = group;
     loop {
+        // Once the group has no running member it is never signalled again:
+        // after its zombies are reaped, its id may name someone else's group.
         if let Some(g) = group {
-            kill_group(g);
+            if group_runs(g) {
+                kill_group(g);
+            } else {
+                group = None;
+            }
         }
-        let left = descendants();
+        let left = kill_descendants();
         for &pid in &left {
-            let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
             // Only direct children can be reaped here; the others come to
             // this process once their parent is reaped.
             let _ = nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
         }
-        if left.is_empty() && !group.is_some_and(group_runs) {
+        if left.is_empty() && group.is_none_or(|g| !group_runs(g)) {
             return true;
         }
         if tokio::time::Instant::now() >= deadline {
@@ -223,6 +241,49 @@ pub async fn kill_orphans_and_wait(group: Option<Pid>, limit: Duration) -> bool 
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
+}
+
+/// True when this process has any child left (running or a zombie).
+pub fn has_descendants() -> bool {
+    !children_of(i32::try_from(std::process::id()).unwrap_or(0)).is_empty()
+}
+
+/// Kills every descendant of this process and returns them. Each is killed
+/// before its own children are read: a process with SIGKILL pending cannot
+/// fork any more, so every child it made is in the list read after the kill,
+/// and a tree that keeps forking cannot outrun the walk.
+fn kill_descendants() -> Vec<Pid> {
+    let mut found: Vec<i32> = Vec::new();
+    let mut stack = vec![i32::try_from(std::process::id()).unwrap_or(0)];
+    while let Some(pid) = stack.pop() {
+        for child in children_of(pid) {
+            if !found.contains(&child) {
+                let _ = nix::sys::signal::kill(Pid::from_raw(child), Signal::SIGKILL);
+                found.push(child);
+                stack.push(child);
+            }
+        }
+    }
+    found.into_iter().map(Pid::from_raw).collect()
+}
+
+/// The children of `pid`, from the kernel's children lists of each of its
+/// threads (zombies included).
+fn children_of(pid: i32) -> Vec<i32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    let mut children = Vec::new();
+    for task in tasks.flatten() {
+        let Ok(list) = std::fs::read_to_string(task.path().join("children")) else {
+            continue;
+        };
+        children.extend(
+            list.split_whitespace()
+                .filter_map(|c| c.parse::<i32>().ok()),
+        );
+    }
+    children
 }
 
 /// True while some process of `group` is neither gone nor a zombie.
@@ -320,18 +381,10 @@ fn descendants() -> Vec<Pid> {
     let mut found: Vec<i32> = Vec::new();
     let mut stack = vec![i32::try_from(std::process::id()).unwrap_or(0)];
     while let Some(pid) = stack.pop() {
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-            continue;
-        };
-        for task in tasks.flatten() {
-            let Ok(children) = std::fs::read_to_string(task.path().join("children")) else {
-                continue;
-            };
-            for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
-                if !found.contains(&child) {
-                    found.push(child);
-                    stack.push(child);
-                }
+        for child in children_of(pid) {
+            if !found.contains(&child) {
+                found.push(child);
+                stack.push(child);
             }
         }
     }

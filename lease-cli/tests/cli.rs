@@ -1044,7 +1044,13 @@ fn a_supervisor_killed_before_the_holder_saw_the_command_still_takes_it() {
         );
         std::thread::yield_now();
     };
-    signal(run.id(), "STOP");
+    // In-process, so the holder stops before the supervisor has even
+    // started the command (a `kill` process would take milliseconds).
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(run.id()).unwrap()),
+        nix::sys::signal::Signal::SIGSTOP,
+    )
+    .unwrap();
     let cmd_pid = wait_for_file(&pidfile, Duration::from_secs(20));
     signal(supervisor, "KILL");
     signal(run.id(), "CONT");
