@@ -42,8 +42,16 @@
 //!   label (`user@host:pid` by default).
 //! - **Acquire** (two round trips): grant an etcd lease with the TTL, then one
 //!   transaction `if create_revision(key) == 0 then put(key, owner, lease) else
-//!   get(key)`. When the key was held, the unused etcd lease is revoked in the
-//!   background, so losing acquires leak nothing. A key the provider saw held
+//!   get(key)`. When the key was held, the unused etcd lease is kept as the
+//!   key's spare (one per key; an earlier one is revoked): the next try on the
+//!   key, typically the one a watch's wake-up makes, sends its transaction on
+//!   the spare together with a keep-alive of it, one round trip instead of a
+//!   grant and then a transaction. Its validity starts before both were sent
+//!   once the keep-alive answered (a lease etcd renewed was alive all along,
+//!   so the key put on it cannot have expired in between); if the keep-alive
+//!   fails, the spare's grant bounds it. A spare with less than a quarter of
+//!   its TTL left, or for another TTL, is revoked instead of used, and an
+//!   unused one runs out by its TTL with nothing attached. A key the provider saw held
 //!   (and has not seen deleted by a watch) is first read, one cheap round trip,
 //!   so repeated looks at a held key grant no etcd leases. etcd reports a
 //!   holder's remaining TTL in whole seconds rounded down; the provider rounds
@@ -55,7 +63,8 @@
 //! - **Token** = the key's create revision, which etcd assigns from one global,
 //!   durable counter: tokens grow across every acquisition, every client and
 //!   every restart of the cluster.
-//! - **Extend** with the same TTL is one keep-alive, then a read that the key is
+//! - **Extend** with the same TTL is one keep-alive (opening etcd-client's
+//!   keep-alive stream sends it and waits for etcd's answer), then a read that the key is
 //!   still ours and still on that etcd lease; with another TTL, a new etcd
 //!   lease is granted and attached by a transaction guarded on the key's create
 //!   revision and owner (the put keeps the value), then the old one is revoked.

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::provider::{EtcdProvider, Fence, lease_id, parse_value, revoke_if_own};
+use crate::provider::{EtcdProvider, Fence, Spare, lease_id, parse_value, revoke_if_own};
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, EventType, PutOptions, Txn, TxnOp, WatchStream};
 use lease_api::backend::{KeyWatch, LeaseHandle, SessionStore, WaitQueue};
@@ -32,9 +32,14 @@ impl LeaseProvider for EtcdProvider {
                 remaining: Some(remaining),
             });
         }
+        if let Some(spare) = self.take_spare(&k, ttl, Instant::now())
+            && let Some(answer) = self.claim_with_spare(key, &k, spare).await
+        {
+            return answer;
+        }
         let sent_at = Instant::now();
         let (id, granted) = self.grant(ttl).await?;
-        self.claim(key, LeaseHandle::EtcdLease(id), granted, sent_at)
+        self.claim(key, LeaseHandle::EtcdLease(id), granted, sent_at, Some(ttl))
             .await
     }
 
@@ -51,8 +56,7 @@ impl LeaseProvider for EtcdProvider {
             // served first would miss a delete that lands before the
             // keep-alive, and call a lease renewed that the store no longer
             // has (two reads racing a write).
-            let ttl_left = self.keep_alive_once(id).await?;
-            if ttl_left <= 0 {
+            if !self.keep_alive_once(id).await? {
                 return Err(lost());
             }
             self.after_keep_alive().await;
@@ -63,8 +67,8 @@ impl LeaseProvider for EtcdProvider {
             if !ours {
                 return Err(lost());
             }
-            let granted = Duration::from_secs(u64::try_from(ttl_left).unwrap_or(0));
-            return Ok(lease.renewed(granted, sent_at));
+            // A keep-alive renews an etcd lease to the TTL it was granted.
+            return Ok(lease.renewed(lease.ttl(), sent_at));
         }
         // Another TTL: a new etcd lease, attached while we still hold the key.
         // The move is guarded on the key's mod revision as well, so that a
@@ -183,6 +187,65 @@ impl LeaseProvider for EtcdProvider {
             key: self.etcd_key(key),
             seen_held: Arc::clone(&self.inner.seen_held),
         }))
+    }
+}
+
+impl EtcdProvider {
+    /// A try with the key's [`Spare`]: the transaction and a keep-alive of
+    /// the spare are sent together, so a woken waiter takes the key in one
+    /// round trip instead of a grant and then a transaction. `None` when the
+    /// spare turned out gone: the caller grants a new etcd lease.
+    ///
+    /// The key is surely held until `sent_at + TTL` once the keep-alive
+    /// answered alive: etcd renewed the lease after `sent_at`, and a lease
+    /// alive then was alive all along since its grant, so the key the
+    /// transaction put on it cannot have expired in between (nobody else
+    /// knows the spare's id to revoke it). Until that answer only the
+    /// spare's own grant is sure, which is what the lease says when the
+    /// keep-alive failed.
+    async fn claim_with_spare(
+        &self,
+        key: &LeaseKey,
+        k: &str,
+        spare: Spare,
+    ) -> Option<Result<TryAcquire>> {
+        let sent_at = Instant::now();
+        let (claimed, alive) = tokio::join!(
+            self.claim(
+                key,
+                LeaseHandle::EtcdLease(spare.id),
+                spare.granted,
+                spare.sent_at,
+                Some(spare.asked),
+            ),
+            self.keep_alive_once(spare.id),
+        );
+        match (claimed, alive) {
+            // Renewed to the TTL it was granted, from after `sent_at`.
+            (Ok(TryAcquire::Acquired(lease)), Ok(true)) => Some(Ok(TryAcquire::Acquired(
+                lease.renewed(spare.granted, sent_at),
+            ))),
+            (Ok(held @ TryAcquire::Held { .. }), Ok(true)) => {
+                self.keep_spare(k.to_owned(), Spare { sent_at, ..spare });
+                Some(Ok(held))
+            }
+            // The spare had run out: a key put on it went with it, and a
+            // put after it failed. Start over with a new etcd lease.
+            (Ok(TryAcquire::Held { .. }), Ok(false)) => {
+                self.drop_spare(k, spare.id, false);
+                None
+            }
+            (Ok(TryAcquire::Acquired(_)), Ok(false)) => None,
+            (Err(e), Ok(false)) if crate::session::source_says_lease_not_found(&e) => None,
+            (Err(e), Ok(_)) => Some(Err(e)),
+            // Whether the keep-alive landed is unknown: the lease keeps the
+            // validity of the spare's grant; a held key's spare is dropped.
+            (Ok(held @ TryAcquire::Held { .. }), Err(_)) => {
+                self.drop_spare(k, spare.id, true);
+                Some(Ok(held))
+            }
+            (other, Err(_)) => Some(other),
+        }
     }
 }
 

@@ -32,9 +32,32 @@ pub(crate) struct Inner {
     /// Keys this provider saw held, until when at least; cleared by a watch
     /// that sees the key deleted. A try on such a key reads before it grants.
     pub(crate) seen_held: Arc<std::sync::Mutex<HashMap<String, Instant>>>,
+    /// Spare etcd leases, by etcd key: one granted for a try that found the
+    /// key held, kept for the next try on it (see [`Spare`]).
+    pub(crate) spares: std::sync::Mutex<HashMap<String, Spare>>,
     /// Test hook: runs between a session's keep-alive and its read of the
     /// keys on it.
     pub(crate) after_keep_alive: std::sync::Mutex<Option<SessionHook>>,
+}
+
+/// An etcd lease granted for a try that found its key held, kept for the next
+/// try on that key (the one a wake-up makes): that try needs no grant first,
+/// since its transaction and a keep-alive of the spare go out together.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Spare {
+    pub(crate) id: i64,
+    /// The TTL the try asked for: a spare serves only a try asking the same.
+    pub(crate) asked: Duration,
+    /// What etcd granted (or last renewed), and when that request was sent:
+    /// the etcd lease lives at least until `sent_at + granted`.
+    pub(crate) granted: Duration,
+    pub(crate) sent_at: Instant,
+}
+
+impl Spare {
+    fn lives_until(&self) -> Instant {
+        self.sent_at + self.granted
+    }
 }
 
 /// A hook of [`EtcdProvider::set_after_keep_alive`].
@@ -135,6 +158,7 @@ impl EtcdProvider {
                 config,
                 caps,
                 seen_held: Arc::default(),
+                spares: std::sync::Mutex::default(),
                 after_keep_alive: std::sync::Mutex::default(),
             }),
         })
@@ -194,6 +218,55 @@ impl EtcdProvider {
         }
         self.seen_held().remove(k);
         Ok(None)
+    }
+
+    fn spares(&self) -> std::sync::MutexGuard<'_, HashMap<String, Spare>> {
+        self.inner
+            .spares
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Keeps `spare` for the next try on `k`, in place of an earlier one
+    /// (revoked). Spares that ran out are dropped on the way: etcd has
+    /// already let them go.
+    pub(crate) fn keep_spare(&self, k: String, spare: Spare) {
+        let now = Instant::now();
+        let replaced = {
+            let mut spares = self.spares();
+            spares.retain(|_, s| s.lives_until() > now);
+            spares.insert(k, spare)
+        };
+        if let Some(old) = replaced.filter(|old| old.id != spare.id) {
+            self.revoke_in_background(old.id);
+        }
+    }
+
+    /// Forgets the spare of `k` if it is `id`, revoking it when `revoke`.
+    pub(crate) fn drop_spare(&self, k: &str, id: i64, revoke: bool) {
+        let removed = {
+            let mut spares = self.spares();
+            match spares.get(k) {
+                Some(s) if s.id == id => spares.remove(k),
+                _ => None,
+            }
+        };
+        if removed.is_some() && revoke {
+            self.revoke_in_background(id);
+        }
+    }
+
+    /// The spare kept for `k`, if it was granted for `asked` and has at
+    /// least a quarter of its TTL left, so the keep-alive sent beside the
+    /// transaction most likely finds it alive (one that does not costs a
+    /// wasted round trip, never safety). Any other is revoked.
+    pub(crate) fn take_spare(&self, k: &str, asked: Duration, now: Instant) -> Option<Spare> {
+        let spare = self.spares().remove(k)?;
+        if spare.asked == asked && spare.lives_until() >= now + spare.granted / 4 {
+            return Some(spare);
+        }
+        self.revoke_in_background(spare.id);
+        None
     }
 
     /// Deletes the keys of every namespace whose name starts with `prefix`,
@@ -422,14 +495,17 @@ impl EtcdProvider {
     }
 
     /// The acquire transaction: puts `key` attached to the etcd lease of
-    /// `handle` if the key does not exist. A lease of its own is revoked when
-    /// the put did not happen; a session's is kept.
+    /// `handle` if the key does not exist. A session's etcd lease is kept
+    /// whatever happens. One of its own is revoked when the put failed, and
+    /// when the key was held, it is kept as the key's [`Spare`] if `spare_for`
+    /// names the TTL that was asked (else revoked).
     pub(crate) async fn claim(
         &self,
         key: &LeaseKey,
         handle: LeaseHandle,
         granted: Duration,
         sent_at: Instant,
+        spare_for: Option<Duration>,
     ) -> Result<TryAcquire> {
         let (id, own) = match handle {
             LeaseHandle::EtcdLease(id) => (id, true),
@@ -491,7 +567,18 @@ impl EtcdProvider {
                 .with_holder(holder);
             return Ok(TryAcquire::Acquired(lease));
         }
-        drop_unused(id);
+        match spare_for {
+            Some(asked) if own => self.keep_spare(
+                k.clone(),
+                Spare {
+                    id,
+                    asked,
+                    granted,
+                    sent_at,
+                },
+            ),
+            _ => drop_unused(id),
+        }
         let holder_lease = resp.op_responses().into_iter().find_map(|op| match op {
             TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.lease()),
             _ => None,
@@ -589,27 +676,20 @@ impl EtcdProvider {
         Fence::Unknown
     }
 
-    /// One keep-alive of etcd lease `id`: the TTL it now has, 0 when the
-    /// lease is gone.
-    pub(crate) async fn keep_alive_once(&self, id: i64) -> Result<i64> {
+    /// Keeps etcd lease `id` alive once: true when etcd renewed it (to its
+    /// full TTL, as granted, from when the request arrived), false when etcd
+    /// no longer has it. One round trip: opening etcd-client's keep-alive
+    /// stream already sends a keep-alive and waits for its answer.
+    pub(crate) async fn keep_alive_once(&self, id: i64) -> Result<bool> {
         let alive = self
             .call("keep-alive", |mut c| async move {
-                let (mut keeper, mut stream) = c.lease_keep_alive(id).await?;
-                keeper.keep_alive().await?;
-                stream.message().await
+                c.lease_keep_alive(id).await.map(|_| ())
             })
             .await;
         match alive {
-            Ok(Some(r)) => Ok(r.ttl()),
-            // The stream ended without an answer: nothing is known.
-            Ok(None) => Err(LeaseError::Unavailable {
-                message: format!(
-                    "etcd at {} closed the keep-alive stream without an answer",
-                    self.inner.display
-                ),
-                source: None,
-            }),
-            // etcd-client reports an unknown lease id as a keep-alive error.
+            Ok(()) => Ok(true),
+            // etcd-client reports an unknown lease id (TTL 0 in etcd's
+            // answer) as a keep-alive error.
             Err(LeaseError::Backend {
                 source: Some(src), ..
             }) if matches!(
@@ -617,7 +697,7 @@ impl EtcdProvider {
                 Some(etcd_client::Error::LeaseKeepAliveError(_))
             ) =>
             {
-                Ok(0)
+                Ok(false)
             }
             Err(e) => Err(e),
         }

@@ -147,7 +147,7 @@ impl WaitQueue for EtcdProvider {
     }
 
     async fn refresh(&self, ticket: &Ticket, _ttl: Duration) -> Result<bool> {
-        Ok(self.keep_alive_once(ticket.handle()).await? > 0)
+        self.keep_alive_once(ticket.handle()).await
     }
 
     async fn leave(&self, ticket: &Ticket) -> Result<()> {

@@ -53,13 +53,9 @@ impl EtcdSessionStore {
                 return Ok(c);
             }
             let sent_at = Instant::now();
-            let ttl_left = self.provider.keep_alive_once(c.id).await?;
-            if ttl_left > 0 {
-                let c = Current {
-                    id: c.id,
-                    granted: Duration::from_secs(u64::try_from(ttl_left).unwrap_or(0)),
-                    sent_at,
-                };
+            if self.provider.keep_alive_once(c.id).await? {
+                // Renewed to the TTL it was granted.
+                let c = Current { sent_at, ..c };
                 *slot = Some(c);
                 return Ok(c);
             }
@@ -100,7 +96,13 @@ impl SessionStore for EtcdSessionStore {
             let c = self.current().await?;
             match self
                 .provider
-                .claim(key, LeaseHandle::EtcdSession(c.id), c.granted, c.sent_at)
+                .claim(
+                    key,
+                    LeaseHandle::EtcdSession(c.id),
+                    c.granted,
+                    c.sent_at,
+                    None,
+                )
                 .await
             {
                 // The etcd lease ran out since the last renewal: take a new one.
@@ -122,8 +124,7 @@ impl SessionStore for EtcdSessionStore {
             return Ok(leases.iter().map(|l| Err(LeaseError::lost(l))).collect());
         };
         let sent_at = Instant::now();
-        let ttl_left = self.provider.keep_alive_once(c.id).await?;
-        if ttl_left <= 0 {
+        if !self.provider.keep_alive_once(c.id).await? {
             self.forget(c.id).await;
             return Ok(leases.iter().map(|l| Err(LeaseError::lost(l))).collect());
         }
@@ -132,11 +133,11 @@ impl SessionStore for EtcdSessionStore {
         // read is reported lost now. Read alongside it, a key deleted between
         // the read and the keep-alive was renewed for a round it no longer had.
         let attached = self.provider.keys_on(c.id).await?;
-        let granted = Duration::from_secs(u64::try_from(ttl_left).unwrap_or(0));
+        // Renewed to the TTL it was granted.
+        let granted = c.granted;
         {
             let mut slot = self.current.lock().await;
             if let Some(cur) = slot.as_mut().filter(|cur| cur.id == c.id) {
-                cur.granted = granted;
                 cur.sent_at = sent_at;
             }
         }
@@ -189,7 +190,7 @@ impl SessionStore for EtcdSessionStore {
 }
 
 /// True when etcd refused a put because its lease does not exist.
-fn source_says_lease_not_found(e: &LeaseError) -> bool {
+pub(crate) fn source_says_lease_not_found(e: &LeaseError) -> bool {
     if e.to_string().contains("lease not found") {
         return true;
     }

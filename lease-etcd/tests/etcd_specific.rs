@@ -580,3 +580,104 @@ async fn an_extend_to_another_ttl_whose_request_was_lost_is_fenced_off() {
         .await
         .expect("the old etcd lease still carries the key");
 }
+
+/// The waiter's client reaches the shared etcd through a proxy that delays
+/// every request by `delay`, so each round trip it waits for is visible in
+/// its timing; the holder and the checks talk to etcd directly.
+async fn delayed(delay: Duration) -> (lease_testkit::Proxy, EtcdProvider) {
+    let url = store_url("LEASE_TEST_ETCD_URL");
+    let port: u16 = url.rsplit(':').next().unwrap().parse().unwrap();
+    let proxy = lease_testkit::Proxy::start(port).await;
+    let p = EtcdProvider::new(
+        EtcdConfig::new([format!("http://127.0.0.1:{}", proxy.port())])
+            .namespace("delayed")
+            .timeouts(delay * 4, delay * 4),
+    )
+    .unwrap();
+    proxy.delay_requests(delay);
+    (proxy, p)
+}
+
+fn etcd_lease_id(lease: &lease_api::Lease) -> i64 {
+    match lease.handle() {
+        lease_api::backend::LeaseHandle::EtcdLease(id) => id,
+        other => panic!("not an etcd lease: {other}"),
+    }
+}
+
+/// A woken waiter takes the key in one round trip: the etcd lease it granted
+/// when it found the key held is kept, and at the wake its transaction and a
+/// keep-alive of that lease go out together (a grant and then the
+/// transaction took two). The lease it gets is valid for no longer than etcd
+/// keeps the key: the keep-alive really renewed the older etcd lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_woken_waiter_takes_the_key_in_one_round_trip() {
+    const DELAY: Duration = Duration::from_millis(500);
+    let (_proxy, waiter) = delayed(DELAY).await;
+    let holder = shared("delayed");
+    let mut raw = etcd_client::Client::connect([store_url("LEASE_TEST_ETCD_URL")], None)
+        .await
+        .unwrap();
+    let k = LeaseKey::new(unique("spare")).unwrap();
+    let held = holder
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    assert!(
+        matches!(
+            waiter.try_acquire(&k, TTL).await.unwrap(),
+            TryAcquire::Held { .. }
+        ),
+        "the key is held"
+    );
+    let mut watch = waiter.watch(&k).await.unwrap();
+    // Long enough that an etcd lease granted at the first try, and not
+    // renewed since, would run out visibly before a fresh TTL.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    holder.release(&held).await.unwrap();
+    watch.changed(TTL).await;
+    let woken = Instant::now();
+    let got = waiter.try_acquire(&k, TTL).await.unwrap();
+    let took = woken.elapsed();
+    let got = got.into_lease().expect("the key was released");
+    assert!(
+        took < DELAY * 3 / 2,
+        "the woken try took {took:?}, more than one round trip of {DELAY:?}"
+    );
+    let left = raw
+        .lease_time_to_live(etcd_lease_id(&got), None)
+        .await
+        .unwrap()
+        .ttl();
+    let believed = got
+        .valid_until()
+        .into_std()
+        .saturating_duration_since(Instant::now());
+    assert!(
+        Duration::from_secs(u64::try_from(left).unwrap_or(0) + 1) >= believed,
+        "etcd keeps the key {left} s more, the lease says it is valid {believed:?} more"
+    );
+    waiter.release(&got).await.unwrap();
+}
+
+/// An extend to the same TTL is a keep-alive and then a read of the key:
+/// two round trips, not three (opening etcd-client's keep-alive stream
+/// already renews the lease and waits for etcd's answer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extend_takes_two_round_trips() {
+    const DELAY: Duration = Duration::from_millis(500);
+    let (_proxy, p) = delayed(DELAY).await;
+    let k = LeaseKey::new(unique("extend-trips")).unwrap();
+    let lease = p.try_acquire(&k, TTL).await.unwrap().into_lease().unwrap();
+    let started = Instant::now();
+    let extended = p.extend(&lease, lease.ttl()).await.unwrap();
+    let took = started.elapsed();
+    assert!(
+        took < DELAY * 5 / 2,
+        "the extend took {took:?}, more than two round trips of {DELAY:?}"
+    );
+    assert!(extended.valid_until() > lease.valid_until());
+    p.release(&extended).await.unwrap();
+}

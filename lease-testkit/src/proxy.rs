@@ -9,6 +9,7 @@ pub struct Proxy {
     cut: std::sync::Arc<tokio::sync::watch::Sender<bool>>,
     hole: tokio::sync::watch::Sender<u64>,
     lose: LoseReply,
+    delay: std::sync::Arc<std::sync::atomic::AtomicU64>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -28,7 +29,9 @@ enum Lose {
     Request,
 }
 
-/// Copies `from` to `to` until either ends. A chunk that contains the armed
+/// Copies `from` to `to` until either ends, each chunk [`Proxy::delay_requests`]
+/// after it was read (chunks read meanwhile wait beside it, in order, so
+/// requests sent together arrive together). A chunk that contains the armed
 /// pattern of `lose` disarms it, is forwarded, and sets `swallow`.
 async fn pump_requests(
     from: &mut tokio::net::tcp::OwnedReadHalf,
@@ -36,8 +39,37 @@ async fn pump_requests(
     lose: &LoseReply,
     swallow: &tokio::sync::Notify,
     then_cut: &std::sync::atomic::AtomicBool,
+    delay: &std::sync::atomic::AtomicU64,
 ) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
+    let (tx, mut rx) =
+        tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>, bool)>();
+    let read = read_requests(from, lose, then_cut, delay, tx);
+    let write = async {
+        while let Some((at, chunk, hit)) = rx.recv().await {
+            tokio::time::sleep_until(at).await;
+            if to.write_all(&chunk).await.is_err() {
+                return;
+            }
+            if hit {
+                swallow.notify_one();
+            }
+        }
+    };
+    // The writer drains what was read before the reader ended.
+    tokio::join!(read, write);
+}
+
+/// The reading half of [`pump_requests`]: each chunk goes to `tx` with the
+/// time it is due and whether it is the one `lose` was armed for.
+async fn read_requests(
+    from: &mut tokio::net::tcp::OwnedReadHalf,
+    lose: &LoseReply,
+    then_cut: &std::sync::atomic::AtomicBool,
+    delay: &std::sync::atomic::AtomicU64,
+    tx: tokio::sync::mpsc::UnboundedSender<(tokio::time::Instant, Vec<u8>, bool)>,
+) {
+    use tokio::io::AsyncReadExt;
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let n = match from.read(&mut buf).await {
@@ -63,11 +95,10 @@ async fn pump_requests(
             }
             hit
         };
-        if to.write_all(chunk).await.is_err() {
+        let due = tokio::time::Instant::now()
+            + std::time::Duration::from_millis(delay.load(std::sync::atomic::Ordering::SeqCst));
+        if tx.send((due, chunk.to_vec(), hit)).is_err() {
             return;
-        }
-        if hit {
-            swallow.notify_one();
         }
     }
 }
@@ -124,6 +155,8 @@ impl Proxy {
         let (hole, holes) = tokio::sync::watch::channel(0u64);
         let lose: LoseReply = std::sync::Arc::default();
         let armed = std::sync::Arc::clone(&lose);
+        let delay = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let delays = std::sync::Arc::clone(&delay);
         let task = tokio::spawn(async move {
             loop {
                 let Ok((inbound, _)) = listener.accept().await else {
@@ -138,6 +171,7 @@ impl Proxy {
                 let generation = *holes.borrow();
                 let lose = std::sync::Arc::clone(&armed);
                 let cutter = std::sync::Arc::clone(&cutter);
+                let delay = std::sync::Arc::clone(&delays);
                 tokio::spawn(async move {
                     let Ok(outbound) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await
                     else {
@@ -148,7 +182,7 @@ impl Proxy {
                     let swallow = tokio::sync::Notify::new();
                     let then_cut = std::sync::atomic::AtomicBool::new(false);
                     let holed = tokio::select! {
-                        () = pump_requests(&mut ri, &mut wo, &lose, &swallow, &then_cut) => false,
+                        () = pump_requests(&mut ri, &mut wo, &lose, &swallow, &then_cut, &delay) => false,
                         () = pump_replies(&mut ro, &mut wi, &swallow, &then_cut, &cutter) => false,
                         _ = watch.wait_for(|cut| *cut) => false,
                         _ = holes.wait_for(|g| *g > generation) => true,
@@ -167,6 +201,7 @@ impl Proxy {
             cut,
             hole,
             lose,
+            delay,
             task,
         }
     }
@@ -220,6 +255,17 @@ impl Proxy {
     /// path. Connections made later pass normally.
     pub fn blackhole_open_connections(&self) {
         self.hole.send_modify(|g| *g += 1);
+    }
+
+    /// Delays every request from now on by `d` on its way to the server
+    /// (answers pass at once), on every connection: a network with that
+    /// one-way latency, which makes each round trip a client waits for
+    /// visible in its timing.
+    pub fn delay_requests(&self, d: std::time::Duration) {
+        self.delay.store(
+            u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
+            std::sync::atomic::Ordering::SeqCst,
+        );
     }
 
     /// The port clients connect to.
