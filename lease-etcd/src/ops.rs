@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::provider::{EtcdProvider, Fence, Spare, lease_id, parse_value, revoke_if_own};
+use crate::provider::{EtcdProvider, Fence, Spare, Unused, lease_id, parse_value, revoke_if_own};
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, EventType, PutOptions, Txn, TxnOp, WatchStream};
 use lease_api::backend::{KeyWatch, LeaseHandle, SessionStore, WaitQueue};
@@ -39,8 +39,14 @@ impl LeaseProvider for EtcdProvider {
         }
         let sent_at = Instant::now();
         let (id, granted) = self.grant(ttl).await?;
-        self.claim(key, LeaseHandle::EtcdLease(id), granted, sent_at, Some(ttl))
-            .await
+        self.claim(
+            key,
+            LeaseHandle::EtcdLease(id),
+            granted,
+            sent_at,
+            Unused::Spare(ttl),
+        )
+        .await
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
@@ -203,6 +209,11 @@ impl EtcdProvider {
     /// knows the spare's id to revoke it). Until that answer only the
     /// spare's own grant is sure, which is what the lease says when the
     /// keep-alive failed.
+    ///
+    /// The spare is this try's alone until it answers: taken out of the map,
+    /// left alone by the transaction, and put back only when the key was
+    /// held (so no other try can attach a key to it, or revoke it, while
+    /// this one may be putting the key on it).
     async fn claim_with_spare(
         &self,
         key: &LeaseKey,
@@ -216,7 +227,7 @@ impl EtcdProvider {
                 LeaseHandle::EtcdLease(spare.id),
                 spare.granted,
                 spare.sent_at,
-                Some(spare.asked),
+                Unused::Leave,
             ),
             self.keep_alive_once(spare.id),
         );
@@ -231,17 +242,14 @@ impl EtcdProvider {
             }
             // The spare had run out: a key put on it went with it, and a
             // put after it failed. Start over with a new etcd lease.
-            (Ok(TryAcquire::Held { .. }), Ok(false)) => {
-                self.drop_spare(k, spare.id, false);
-                None
-            }
+            (Ok(TryAcquire::Held { .. }), Ok(false)) => None,
             (Ok(TryAcquire::Acquired(_)), Ok(false)) => None,
             (Err(e), Ok(false)) if crate::session::source_says_lease_not_found(&e) => None,
             (Err(e), Ok(_)) => Some(Err(e)),
             // Whether the keep-alive landed is unknown: the lease keeps the
             // validity of the spare's grant; a held key's spare is dropped.
             (Ok(held @ TryAcquire::Held { .. }), Err(_)) => {
-                self.drop_spare(k, spare.id, true);
+                self.revoke_in_background(spare.id);
                 Some(Ok(held))
             }
             (other, Err(_)) => Some(other),

@@ -54,6 +54,17 @@ pub(crate) struct Spare {
     pub(crate) sent_at: Instant,
 }
 
+/// What [`EtcdProvider::claim`] does with its own etcd lease when the key
+/// was held.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Unused {
+    /// Keep it as the key's [`Spare`] for tries asking this TTL.
+    Spare(Duration),
+    /// Nothing: the caller owns it (a try on a spare, which must not make
+    /// the spare takeable again before the try is over).
+    Leave,
+}
+
 impl Spare {
     fn lives_until(&self) -> Instant {
         self.sent_at + self.granted
@@ -239,20 +250,6 @@ impl EtcdProvider {
         };
         if let Some(old) = replaced.filter(|old| old.id != spare.id) {
             self.revoke_in_background(old.id);
-        }
-    }
-
-    /// Forgets the spare of `k` if it is `id`, revoking it when `revoke`.
-    pub(crate) fn drop_spare(&self, k: &str, id: i64, revoke: bool) {
-        let removed = {
-            let mut spares = self.spares();
-            match spares.get(k) {
-                Some(s) if s.id == id => spares.remove(k),
-                _ => None,
-            }
-        };
-        if removed.is_some() && revoke {
-            self.revoke_in_background(id);
         }
     }
 
@@ -496,16 +493,15 @@ impl EtcdProvider {
 
     /// The acquire transaction: puts `key` attached to the etcd lease of
     /// `handle` if the key does not exist. A session's etcd lease is kept
-    /// whatever happens. One of its own is revoked when the put failed, and
-    /// when the key was held, it is kept as the key's [`Spare`] if `spare_for`
-    /// names the TTL that was asked (else revoked).
+    /// whatever happens. One of its own is revoked when the put failed; when
+    /// the key was held, `unused` says what becomes of it.
     pub(crate) async fn claim(
         &self,
         key: &LeaseKey,
         handle: LeaseHandle,
         granted: Duration,
         sent_at: Instant,
-        spare_for: Option<Duration>,
+        unused: Unused,
     ) -> Result<TryAcquire> {
         let (id, own) = match handle {
             LeaseHandle::EtcdLease(id) => (id, true),
@@ -567,8 +563,8 @@ impl EtcdProvider {
                 .with_holder(holder);
             return Ok(TryAcquire::Acquired(lease));
         }
-        match spare_for {
-            Some(asked) if own => self.keep_spare(
+        match unused {
+            Unused::Spare(asked) if own => self.keep_spare(
                 k.clone(),
                 Spare {
                     id,
@@ -577,7 +573,8 @@ impl EtcdProvider {
                     sent_at,
                 },
             ),
-            _ => drop_unused(id),
+            Unused::Spare(_) => drop_unused(id),
+            Unused::Leave => {}
         }
         let holder_lease = resp.op_responses().into_iter().find_map(|op| match op {
             TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.lease()),
@@ -698,6 +695,23 @@ impl EtcdProvider {
             ) =>
             {
                 Ok(false)
+            }
+            // etcd-client reports a stream that ended before any answer as
+            // a watch error: nothing is known, try again (elsewhere).
+            Err(LeaseError::Backend {
+                source: Some(src), ..
+            }) if matches!(
+                src.downcast_ref::<etcd_client::Error>(),
+                Some(etcd_client::Error::WatchError(_))
+            ) =>
+            {
+                Err(LeaseError::Unavailable {
+                    message: format!(
+                        "etcd at {} closed the keep-alive stream without an answer",
+                        self.inner.display
+                    ),
+                    source: None,
+                })
             }
             Err(e) => Err(e),
         }

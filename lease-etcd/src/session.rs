@@ -101,7 +101,7 @@ impl SessionStore for EtcdSessionStore {
                     LeaseHandle::EtcdSession(c.id),
                     c.granted,
                     c.sent_at,
-                    None,
+                    crate::provider::Unused::Leave,
                 )
                 .await
             {
