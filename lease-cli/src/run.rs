@@ -244,14 +244,14 @@ pub(crate) async fn run(
             if supervise::has_descendants()
                 && !supervise::kill_orphans_and_wait(None, KILL_WAIT).await
             {
-                let _ = guard.detach().await;
-                return fail(
-                    EXIT_SUPERVISOR,
+                return left_to_expire(
+                    guard,
                     format!(
                         "processes the command started outlived it and did not die within {}, so {key} is left to expire",
                         humantime::format_duration(KILL_WAIT)
                     ),
-                );
+                )
+                .await;
             }
             c
         }
@@ -268,14 +268,14 @@ pub(crate) async fn run(
             if !stopped {
                 // Something of the command still runs: leave the lease to
                 // expire on the store rather than hand the key to another.
-                let _ = guard.detach().await;
-                return fail(
-                    EXIT_SUPERVISOR,
+                return left_to_expire(
+                    guard,
                     format!(
                         "the supervisor of the command was killed by signal {sig}; the command's group did not die within {}, so {key} is left to expire",
                         humantime::format_duration(KILL_WAIT)
                     ),
-                );
+                )
+                .await;
             }
             if !guard.is_lost() {
                 let _ = guard.release().await;
@@ -313,6 +313,13 @@ pub(crate) async fn run(
     end_after_min_hold(&provider, guard, acquired_at, min_hold).await;
     provider.flush(FLUSH_LIMIT).await;
     ExitCode::from(u8::try_from(code.clamp(0, 255)).unwrap_or(1))
+}
+
+/// Something of the command may still run: the lease is not released but
+/// left to expire on the store, so the key goes to nobody else meanwhile.
+async fn left_to_expire(guard: LeaseGuard, message: String) -> ExitCode {
+    let _ = guard.detach().await;
+    fail(EXIT_SUPERVISOR, message)
 }
 
 /// SIGTERM, SIGINT and SIGHUP, registered once for the whole run.

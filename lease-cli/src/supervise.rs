@@ -253,12 +253,20 @@ pub fn has_descendants() -> bool {
 /// fork any more, so every child it made is in the list read after the kill,
 /// and a tree that keeps forking cannot outrun the walk.
 fn kill_descendants() -> Vec<Pid> {
+    walk_descendants(|pid| {
+        let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+    })
+}
+
+/// Every descendant of this process, each passed to `visit` as it is found,
+/// before its own children are read.
+fn walk_descendants(mut visit: impl FnMut(Pid)) -> Vec<Pid> {
     let mut found: Vec<i32> = Vec::new();
     let mut stack = vec![i32::try_from(std::process::id()).unwrap_or(0)];
     while let Some(pid) = stack.pop() {
         for child in children_of(pid) {
             if !found.contains(&child) {
-                let _ = nix::sys::signal::kill(Pid::from_raw(child), Signal::SIGKILL);
+                visit(Pid::from_raw(child));
                 found.push(child);
                 stack.push(child);
             }
@@ -378,17 +386,7 @@ fn take_terminal(group: Pid) -> Option<Pid> {
 /// Every live (or not yet reaped) descendant of this process, found by
 /// walking the kernel's children lists of each of its threads.
 fn descendants() -> Vec<Pid> {
-    let mut found: Vec<i32> = Vec::new();
-    let mut stack = vec![i32::try_from(std::process::id()).unwrap_or(0)];
-    while let Some(pid) = stack.pop() {
-        for child in children_of(pid) {
-            if !found.contains(&child) {
-                found.push(child);
-                stack.push(child);
-            }
-        }
-    }
-    found.into_iter().map(Pid::from_raw).collect()
+    walk_descendants(|_| {})
 }
 
 /// Sends `sig` to the command's group and to every descendant, also those

@@ -998,23 +998,7 @@ fn conformance_fails_fast_on_an_unreachable_store_and_reports_json() {
 /// group itself before it gives the lease up, and says so (exit 70).
 #[test]
 fn a_killed_supervisor_takes_the_command_with_it() {
-    let store = shared("redis");
-    let key = unique("cli-supervisor-killed");
-    let dir = TempDir::new("lease-cli");
-    let pidfile = dir.path().join("pid");
-    let script = format!("echo $$ > {}; exec sleep 120", pidfile.display());
-    let mut run = run_args(&store, &key, "30s", &[], &["sh", "-c", &script])
-        .spawn()
-        .unwrap();
-    let cmd_pid = wait_for_file(&pidfile, Duration::from_secs(20));
-    let children =
-        std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", run.id())).unwrap();
-    let supervisor: u32 = children.split_whitespace().next().unwrap().parse().unwrap();
-    signal(supervisor, "KILL");
-    assert_eq!(wait_exit(&mut run, Duration::from_secs(20)), Some(70));
-    assert!(!alive(&cmd_pid), "the command outlived its supervisor");
-    let next = output(run_args(&store, &key, "30s", &[], &["true"]));
-    assert_eq!(next.status.code(), Some(0), "released: {next:?}");
+    kill_the_supervisor("cli-supervisor-killed", false);
 }
 
 /// The supervisor is killed before `lease` learned the command's group
@@ -1023,8 +1007,16 @@ fn a_killed_supervisor_takes_the_command_with_it() {
 /// still kills it before giving the lease up.
 #[test]
 fn a_supervisor_killed_before_the_holder_saw_the_command_still_takes_it() {
+    kill_the_supervisor("cli-supervisor-killed-early", true);
+}
+
+/// Runs a sleeping command under `lease run`, SIGKILLs the supervisor, and
+/// asserts that `lease` exits 70, the command is gone and the key is free.
+/// With `freeze_holder`, `lease` is stopped from the moment its supervisor
+/// appears until after the kill.
+fn kill_the_supervisor(name: &str, freeze_holder: bool) {
     let store = shared("redis");
-    let key = unique("cli-supervisor-killed-early");
+    let key = unique(name);
     let dir = TempDir::new("lease-cli");
     let pidfile = dir.path().join("pid");
     let script = format!("echo $$ > {}; exec sleep 120", pidfile.display());
@@ -1044,16 +1036,20 @@ fn a_supervisor_killed_before_the_holder_saw_the_command_still_takes_it() {
         );
         std::thread::yield_now();
     };
-    // In-process, so the holder stops before the supervisor has even
-    // started the command (a `kill` process would take milliseconds).
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(i32::try_from(run.id()).unwrap()),
-        nix::sys::signal::Signal::SIGSTOP,
-    )
-    .unwrap();
+    if freeze_holder {
+        // In-process, so the holder stops before the supervisor has even
+        // started the command (a `kill` process would take milliseconds).
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(run.id()).unwrap()),
+            nix::sys::signal::Signal::SIGSTOP,
+        )
+        .unwrap();
+    }
     let cmd_pid = wait_for_file(&pidfile, Duration::from_secs(20));
     signal(supervisor, "KILL");
-    signal(run.id(), "CONT");
+    if freeze_holder {
+        signal(run.id(), "CONT");
+    }
     assert_eq!(wait_exit(&mut run, Duration::from_secs(20)), Some(70));
     assert!(!alive(&cmd_pid), "the command outlived its supervisor");
     let next = output(run_args(&store, &key, "30s", &[], &["true"]));

@@ -683,37 +683,27 @@ impl EtcdProvider {
                 c.lease_keep_alive(id).await.map(|_| ())
             })
             .await;
-        match alive {
-            Ok(()) => Ok(true),
+        let Err(e) = alive else { return Ok(true) };
+        let cause = match &e {
+            LeaseError::Backend {
+                source: Some(src), ..
+            } => src.downcast_ref::<etcd_client::Error>(),
+            _ => None,
+        };
+        match cause {
             // etcd-client reports an unknown lease id (TTL 0 in etcd's
             // answer) as a keep-alive error.
-            Err(LeaseError::Backend {
-                source: Some(src), ..
-            }) if matches!(
-                src.downcast_ref::<etcd_client::Error>(),
-                Some(etcd_client::Error::LeaseKeepAliveError(_))
-            ) =>
-            {
-                Ok(false)
-            }
-            // etcd-client reports a stream that ended before any answer as
-            // a watch error: nothing is known, try again (elsewhere).
-            Err(LeaseError::Backend {
-                source: Some(src), ..
-            }) if matches!(
-                src.downcast_ref::<etcd_client::Error>(),
-                Some(etcd_client::Error::WatchError(_))
-            ) =>
-            {
-                Err(LeaseError::Unavailable {
-                    message: format!(
-                        "etcd at {} closed the keep-alive stream without an answer",
-                        self.inner.display
-                    ),
-                    source: None,
-                })
-            }
-            Err(e) => Err(e),
+            Some(etcd_client::Error::LeaseKeepAliveError(_)) => Ok(false),
+            // And a stream that ended before any answer as a watch error:
+            // nothing is known, try again (elsewhere).
+            Some(etcd_client::Error::WatchError(_)) => Err(LeaseError::Unavailable {
+                message: format!(
+                    "etcd at {} closed the keep-alive stream without an answer",
+                    self.inner.display
+                ),
+                source: None,
+            }),
+            _ => Err(e),
         }
     }
 
