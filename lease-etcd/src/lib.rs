@@ -106,6 +106,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod acquire;
 mod config;
 mod ops;
 mod provider;

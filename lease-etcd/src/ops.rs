@@ -4,7 +4,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::provider::{EtcdProvider, Fence, Spare, Unused, lease_id, parse_value, revoke_if_own};
+use crate::provider::Unused;
+use crate::provider::{EtcdProvider, Fence, lease_id, parse_value, revoke_if_own};
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, EventType, PutOptions, Txn, TxnOp, WatchStream};
 use lease_api::backend::{KeyWatch, LeaseHandle, SessionStore, WaitQueue};
@@ -193,67 +194,6 @@ impl LeaseProvider for EtcdProvider {
             key: self.etcd_key(key),
             seen_held: Arc::clone(&self.inner.seen_held),
         }))
-    }
-}
-
-impl EtcdProvider {
-    /// A try with the key's [`Spare`]: the transaction and a keep-alive of
-    /// the spare are sent together, so a woken waiter takes the key in one
-    /// round trip instead of a grant and then a transaction. `None` when the
-    /// spare turned out gone: the caller grants a new etcd lease.
-    ///
-    /// The key is surely held until `sent_at + TTL` once the keep-alive
-    /// answered alive: etcd renewed the lease after `sent_at`, and a lease
-    /// alive then was alive all along since its grant, so the key the
-    /// transaction put on it cannot have expired in between (nobody else
-    /// knows the spare's id to revoke it). Until that answer only the
-    /// spare's own grant is sure, which is what the lease says when the
-    /// keep-alive failed.
-    ///
-    /// The spare is this try's alone until it answers: taken out of the map,
-    /// left alone by the transaction, and put back only when the key was
-    /// held (so no other try can attach a key to it, or revoke it, while
-    /// this one may be putting the key on it).
-    async fn claim_with_spare(
-        &self,
-        key: &LeaseKey,
-        k: &str,
-        spare: Spare,
-    ) -> Option<Result<TryAcquire>> {
-        let sent_at = Instant::now();
-        let (claimed, alive) = tokio::join!(
-            self.claim(
-                key,
-                LeaseHandle::EtcdLease(spare.id),
-                spare.granted,
-                spare.sent_at,
-                Unused::Leave,
-            ),
-            self.keep_alive_once(spare.id),
-        );
-        match (claimed, alive) {
-            // Renewed to the TTL it was granted, from after `sent_at`.
-            (Ok(TryAcquire::Acquired(lease)), Ok(true)) => Some(Ok(TryAcquire::Acquired(
-                lease.renewed(spare.granted, sent_at),
-            ))),
-            (Ok(held @ TryAcquire::Held { .. }), Ok(true)) => {
-                self.keep_spare(k.to_owned(), Spare { sent_at, ..spare });
-                Some(Ok(held))
-            }
-            // The spare had run out: a key put on it went with it, and a
-            // put after it failed. Start over with a new etcd lease.
-            (Ok(TryAcquire::Held { .. }), Ok(false)) => None,
-            (Ok(TryAcquire::Acquired(_)), Ok(false)) => None,
-            (Err(e), Ok(false)) if crate::session::source_says_lease_not_found(&e) => None,
-            (Err(e), Ok(_)) => Some(Err(e)),
-            // Whether the keep-alive landed is unknown: the lease keeps the
-            // validity of the spare's grant; a held key's spare is dropped.
-            (Ok(held @ TryAcquire::Held { .. }), Err(_)) => {
-                self.revoke_in_background(spare.id);
-                Some(Ok(held))
-            }
-            (other, Err(_)) => Some(other),
-        }
     }
 }
 

@@ -5,13 +5,12 @@ use std::time::Duration;
 
 use crate::config::EtcdConfig;
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
-    TxnResponse,
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, TxnResponse,
 };
 use lease_api::backend::{DEFAULT_MAX_TTL, LeaseHandle, OwnerId, validate_namespace};
 use lease_api::{
-    Capabilities, ExpiryClock, Failover, FailoverExtension, FailoverTokens, FencingToken, Lease,
-    LeaseError, LeaseKey, Notifications, Result, TokenDurability, TryAcquire,
+    Capabilities, ExpiryClock, Failover, FailoverExtension, FailoverTokens, Lease, LeaseError,
+    LeaseKey, Notifications, Result, TokenDurability,
 };
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
@@ -66,9 +65,24 @@ pub(crate) enum Unused {
 }
 
 impl Spare {
-    fn lives_until(&self) -> Instant {
+    pub(crate) fn lives_until(&self) -> Instant {
         self.sent_at + self.granted
     }
+}
+
+/// True when etcd refused a put because its lease does not exist.
+pub(crate) fn source_says_lease_not_found(e: &LeaseError) -> bool {
+    if e.to_string().contains("lease not found") {
+        return true;
+    }
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if s.to_string().contains("lease not found") {
+            return true;
+        }
+        source = s.source();
+    }
+    false
 }
 
 /// A hook of [`EtcdProvider::set_after_keep_alive`].
@@ -229,41 +243,6 @@ impl EtcdProvider {
         }
         self.seen_held().remove(k);
         Ok(None)
-    }
-
-    fn spares(&self) -> std::sync::MutexGuard<'_, HashMap<String, Spare>> {
-        self.inner
-            .spares
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Keeps `spare` for the next try on `k`, in place of an earlier one
-    /// (revoked). Spares that ran out are dropped on the way: etcd has
-    /// already let them go.
-    pub(crate) fn keep_spare(&self, k: String, spare: Spare) {
-        let now = Instant::now();
-        let replaced = {
-            let mut spares = self.spares();
-            spares.retain(|_, s| s.lives_until() > now);
-            spares.insert(k, spare)
-        };
-        if let Some(old) = replaced.filter(|old| old.id != spare.id) {
-            self.revoke_in_background(old.id);
-        }
-    }
-
-    /// The spare kept for `k`, if it was granted for `asked` and has at
-    /// least a quarter of its TTL left, so the keep-alive sent beside the
-    /// transaction most likely finds it alive (one that does not costs a
-    /// wasted round trip, never safety). Any other is revoked.
-    pub(crate) fn take_spare(&self, k: &str, asked: Duration, now: Instant) -> Option<Spare> {
-        let spare = self.spares().remove(k)?;
-        if spare.asked == asked && spare.lives_until() >= now + spare.granted / 4 {
-            return Some(spare);
-        }
-        self.revoke_in_background(spare.id);
-        None
     }
 
     /// Deletes the keys of every namespace whose name starts with `prefix`,
@@ -489,107 +468,6 @@ impl EtcdProvider {
         } else {
             Err(LeaseError::lost(lease))
         }
-    }
-
-    /// The acquire transaction: puts `key` attached to the etcd lease of
-    /// `handle` if the key does not exist. A session's etcd lease is kept
-    /// whatever happens. One of its own is revoked when the put failed; when
-    /// the key was held, `unused` says what becomes of it.
-    pub(crate) async fn claim(
-        &self,
-        key: &LeaseKey,
-        handle: LeaseHandle,
-        granted: Duration,
-        sent_at: Instant,
-        unused: Unused,
-    ) -> Result<TryAcquire> {
-        let (id, own) = match handle {
-            LeaseHandle::EtcdLease(id) => (id, true),
-            LeaseHandle::EtcdSession(id) => (id, false),
-            other => {
-                return Err(LeaseError::protocol(format!(
-                    "an etcd acquire on a {other} handle"
-                )));
-            }
-        };
-        let drop_unused = |id| {
-            if own {
-                self.revoke_in_background(id);
-            }
-        };
-        let k = self.etcd_key(key);
-        let owner = OwnerId::random();
-        let holder = lease_api::holder();
-        let txn = Txn::new()
-            .when(vec![Compare::create_revision(
-                k.clone(),
-                CompareOp::Equal,
-                0,
-            )])
-            .and_then(vec![TxnOp::put(
-                k.clone(),
-                value(owner, &holder),
-                Some(PutOptions::new().with_lease(id)),
-            )])
-            .or_else(vec![TxnOp::get(k.clone(), None)]);
-        let resp = match self
-            .call("acquire txn", |mut c| async move { c.txn(txn).await })
-            .await
-        {
-            Ok(r) => r,
-            Err(e) => {
-                if own {
-                    drop_unused(id);
-                } else {
-                    // The put may have happened on the session's etcd lease,
-                    // which lives on: delete the key if it carries our owner.
-                    self.delete_if_owner_in_background(&k, owner);
-                }
-                return Err(e);
-            }
-        };
-        if resp.succeeded() {
-            let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
-            let token = u64::try_from(revision)
-                .ok()
-                .filter(|t| *t > 0)
-                .ok_or_else(|| {
-                    LeaseError::protocol(format!(
-                        "etcd returned no revision for a successful acquire ({revision})"
-                    ))
-                })?;
-            let lease = Lease::new(key.clone(), FencingToken(token), owner, granted, sent_at)
-                .with_handle(handle)
-                .with_holder(holder);
-            return Ok(TryAcquire::Acquired(lease));
-        }
-        match unused {
-            Unused::Spare(asked) if own => self.keep_spare(
-                k.clone(),
-                Spare {
-                    id,
-                    asked,
-                    granted,
-                    sent_at,
-                },
-            ),
-            Unused::Spare(_) => drop_unused(id),
-            Unused::Leave => {}
-        }
-        let holder_lease = resp.op_responses().into_iter().find_map(|op| match op {
-            TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.lease()),
-            _ => None,
-        });
-        // Best effort: how long the holder still has, for the waiter's fallback timer.
-        let remaining = match holder_lease {
-            Some(hid) => self.time_to_live(hid).await.unwrap_or(None),
-            None => None,
-        };
-        self.seen_held().insert(
-            self.etcd_key(key),
-            Instant::now() + remaining.unwrap_or(lease_api::backend::MAX_BLIND_WAIT),
-        );
-        Ok(TryAcquire::Held { remaining })
     }
 
     /// Whether `lease`'s key (its token and owner) is now attached to etcd

@@ -106,7 +106,7 @@ impl SessionStore for EtcdSessionStore {
                 .await
             {
                 // The etcd lease ran out since the last renewal: take a new one.
-                Err(e) if source_says_lease_not_found(&e) => {
+                Err(e) if crate::provider::source_says_lease_not_found(&e) => {
                     self.forget(c.id).await;
                 }
                 other => return other,
@@ -187,21 +187,6 @@ impl SessionStore for EtcdSessionStore {
             tracing::debug!(lease_id = c.id, error = %e, "revoking the session's etcd lease failed; it runs out by its TTL");
         }
     }
-}
-
-/// True when etcd refused a put because its lease does not exist.
-pub(crate) fn source_says_lease_not_found(e: &LeaseError) -> bool {
-    if e.to_string().contains("lease not found") {
-        return true;
-    }
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        if s.to_string().contains("lease not found") {
-            return true;
-        }
-        source = s.source();
-    }
-    false
 }
 
 /// The provider's own `session_store`.
