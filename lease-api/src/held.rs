@@ -2,8 +2,9 @@
 //! renewed, its key and token, its lost signal), shared by
 //! [`LeaseGuard`](crate::LeaseGuard) and [`SessionLease`](crate::SessionLease).
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::{FencingToken, Lease, LeaseKey};
@@ -46,6 +47,8 @@ pub(crate) struct Shared {
     pub(crate) lease: Mutex<Lease>,
     pub(crate) reason: Mutex<Option<LostReason>>,
     pub(crate) lost: CancellationToken,
+    /// When the lost signal fired (the first time).
+    pub(crate) lost_at: OnceLock<Instant>,
     /// The last renewal error, for the reason if validity runs out (sessions).
     pub(crate) last_error: Mutex<Option<String>>,
 }
@@ -62,12 +65,14 @@ impl Shared {
             lease: Mutex::new(lease),
             reason: Mutex::new(None),
             lost: CancellationToken::new(),
+            lost_at: OnceLock::new(),
             last_error: Mutex::new(None),
         }
     }
 
     pub(crate) fn fire(&self, reason: LostReason) {
         lock(&self.reason).get_or_insert(reason);
+        self.lost_at.get_or_init(Instant::now);
         self.lost.cancel();
     }
 
@@ -162,5 +167,12 @@ impl HeldLease {
     /// Why the lease was lost, once it was.
     pub fn lost_reason(&self) -> Option<LostReason> {
         self.shared.lost_reason()
+    }
+
+    /// When the lost signal fired, once it did. A lease lost by its validity
+    /// fires before [`Lease::valid_until`] (C10); a job that was busy sees the
+    /// signal later than this, and can log by how much.
+    pub fn lost_at(&self) -> Option<Instant> {
+        self.shared.lost_at.get().copied()
     }
 }

@@ -300,14 +300,14 @@ mod tests {
             held.push(session.try_acquire(&key).await.unwrap().unwrap());
         }
         store.hang.store(true, Ordering::SeqCst);
+        assert_eq!(held[0].lost_at(), None, "lost_at before any loss");
         for l in &held {
             let reason = tokio::time::timeout(Duration::from_secs(60), l.lost())
                 .await
                 .expect("the lost signal never fired");
-            assert!(
-                Instant::now() < l.lease().valid_until(),
-                "fired after validity"
-            );
+            let fired = l.lost_at().expect("a fired lease says when");
+            assert!(fired <= Instant::now(), "fired in the future");
+            assert!(fired < l.lease().valid_until(), "fired after validity");
             assert!(matches!(reason, LostReason::Expired(_)), "{reason:?}");
         }
     }
