@@ -130,7 +130,7 @@ impl RedlockProvider {
                 millis(ttl).to_string(),
                 holder.to_string(),
             ];
-            tokio::spawn(async move {
+            let task = async move {
                 let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
                 let args: Vec<&str> = args.iter().map(String::as_str).collect();
                 let call = inner.nodes[i].eval::<(i64, i64, String)>(&ACQUIRE, &keys, &args);
@@ -140,7 +140,10 @@ impl RedlockProvider {
                     Err(e) => Reply::Down(e),
                 };
                 let _ = tx.send((i, reply)).await;
-            });
+            };
+            if let Some(rest) = super::start_here(task) {
+                tokio::spawn(rest);
+            }
         }
         drop(tx);
         let mut replies: Vec<Option<Reply>> = (0..n).map(|_| None).collect();

@@ -1,7 +1,10 @@
 //! `RedlockProvider`: leases held by a majority of independent Redis nodes.
 //! The provider, its nodes and the rounds every operation runs on them.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Waker};
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -20,6 +23,23 @@ mod config;
 mod ops;
 
 pub use config::RedlockConfig;
+
+/// Starts `task` here and returns the rest of it, to run in the background
+/// (`None` when it already finished). Polled once in the caller, a node's
+/// task puts its command on that node's connection before the caller sends
+/// the node anything else: a task spawned unpolled may not run until after
+/// the caller's next command (a release overtaking the acquire it releases,
+/// when the worker that queued the acquire is descheduled on a loaded
+/// machine), which leaves a copy behind to cancel and a counter to raise.
+/// Every later poll is the spawned task's, which wakes on its own.
+fn start_here<F>(task: F) -> Option<Pin<Box<F>>>
+where
+    F: Future<Output = ()>,
+{
+    let mut task = Box::pin(task);
+    let mut cx = Context::from_waker(Waker::noop());
+    task.as_mut().poll(&mut cx).is_pending().then_some(task)
+}
 
 struct Inner {
     nodes: Vec<Node>,
@@ -212,10 +232,12 @@ impl RedlockProvider {
         for i in 0..n {
             let call = f(Arc::clone(&self.inner), i);
             let tx = tx.clone();
-            self.inner.cleanups.spawn(async move {
+            if let Some(rest) = start_here(async move {
                 let r = bounded("a Redlock node", limit, call, |e| e).await;
                 let _ = tx.send((i, r)).await;
-            });
+            }) {
+                self.inner.cleanups.spawn(rest);
+            }
         }
         drop(tx);
         let mut vote = Vote {

@@ -187,7 +187,7 @@ impl LeaseProvider for RedlockProvider {
             let key = lease.key().as_str().to_owned();
             let ttl = lease.ttl();
             // Tracked: `flush` waits for a late node's answer and its cancel.
-            self.inner.cleanups.spawn(async move {
+            let task = async move {
                 let args = [held.as_str(), inner.channel.as_str(), key.as_str()];
                 let keys = [lease_key.as_str()];
                 let call = inner.nodes[i].eval::<i64>(&RELEASE, &keys, &args);
@@ -217,7 +217,10 @@ impl LeaseProvider for RedlockProvider {
                         .cancel_until_done(&lease_key, &owner, ttl, &inner.channel, &key)
                         .await;
                 }
-            });
+            };
+            if let Some(rest) = super::start_here(task) {
+                self.inner.cleanups.spawn(rest);
+            }
         }
         drop(tx);
         // Close early only on a decided outcome: a majority said yes, or a
