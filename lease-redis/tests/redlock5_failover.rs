@@ -119,15 +119,37 @@ async fn an_extend_reaches_a_node_that_answers_after_the_majority() {
         .unwrap();
     let ttl = p.capabilities().practical_ttl(Duration::from_secs(6));
     let k = LeaseKey::new("straggler").unwrap();
+    // The premise is a copy on all three nodes. The first acquire of a new
+    // provider connects to each node and loads its script (three round
+    // trips), and on a loaded machine node 2 once missed its node timeout
+    // with all that, so it never held a copy (flake hunt: keys []). One
+    // acquire and release first makes the one under test a single round.
+    let warm = until_ok(|| p.try_acquire(&k, ttl))
+        .await
+        .into_lease()
+        .expect("the key is free");
+    p.release(&warm).await.unwrap();
+    p.flush(Duration::from_secs(10)).await;
     let lease = until_ok(|| p.try_acquire(&k, ttl))
         .await
         .into_lease()
         .expect("the key is free");
+    // Node 2's answer, if it came after the round, is in before we look.
+    p.flush(Duration::from_secs(10)).await;
     let mut slow = redis::Client::open(urls[2].as_str())
         .unwrap()
         .get_multiplexed_async_connection()
         .await
         .unwrap();
+    let copies: Vec<String> = redis::cmd("KEYS")
+        .arg("*straggler*:lease")
+        .query_async(&mut slow)
+        .await
+        .unwrap();
+    assert!(
+        !copies.is_empty(),
+        "set-up: node 2 never ran the acquire (too slow even once connected)"
+    );
     redis::cmd("SCRIPT")
         .arg("FLUSH")
         .query_async::<()>(&mut slow)
