@@ -26,12 +26,15 @@ pub use config::RedlockConfig;
 
 /// Starts `task` here and returns the rest of it, to run in the background
 /// (`None` when it already finished). Polled once in the caller, a node's
-/// task puts its command on that node's connection before the caller sends
-/// the node anything else: a task spawned unpolled may not run until after
-/// the caller's next command (a release overtaking the acquire it releases,
-/// when the worker that queued the acquire is descheduled on a loaded
-/// machine), which leaves a copy behind to cancel and a counter to raise.
-/// Every later poll is the spawned task's, which wakes on its own.
+/// task usually puts its command on that node's connection before the caller
+/// sends the node anything else: a task spawned unpolled may not run until
+/// after the caller's next command (a release overtaking the acquire it
+/// releases, when the worker that queued the acquire is descheduled on a
+/// loaded machine), which leaves a copy behind to cancel and a counter to
+/// raise. Not always: the first poll stops before sending while the node is
+/// connecting, its script is not cached, the client's request queue is full
+/// or the caller's task budget is spent; the cancel of a node that said no
+/// still cleans up then. Every later poll is the spawned task's.
 fn start_here<F>(task: F) -> Option<Pin<Box<F>>>
 where
     F: Future<Output = ()>,
