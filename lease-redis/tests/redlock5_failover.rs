@@ -13,6 +13,18 @@ use lease_redis::{RedlockConfig, RedlockProvider};
 use lease_testkit::cluster::{RedisNodes, Topology};
 use lease_testkit::{unique, until_ok};
 
+/// Takes and releases `k` once, and waits until every node's call of both
+/// has run: the connections are made, the scripts loaded and the fence
+/// counters created on every node, so the next acquire is a single round.
+async fn use_once(p: &RedlockProvider, k: &LeaseKey, ttl: Duration) {
+    let lease = until_ok(|| p.try_acquire(k, ttl))
+        .await
+        .into_lease()
+        .expect("the key is free");
+    p.release(&lease).await.unwrap();
+    p.flush(Duration::from_secs(10)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn losing_two_of_five_nodes_keeps_the_lease_the_waiter_and_the_token_order() {
     let nodes = tokio::task::spawn_blocking(|| RedisNodes::start(5))
@@ -124,12 +136,7 @@ async fn an_extend_reaches_a_node_that_answers_after_the_majority() {
     // trips), and on a loaded machine node 2 once missed its node timeout
     // with all that, so it never held a copy (flake hunt: keys []). One
     // acquire and release first makes the one under test a single round.
-    let warm = until_ok(|| p.try_acquire(&k, ttl))
-        .await
-        .into_lease()
-        .expect("the key is free");
-    p.release(&warm).await.unwrap();
-    p.flush(Duration::from_secs(10)).await;
+    use_once(&p, &k, ttl).await;
     let lease = until_ok(|| p.try_acquire(&k, ttl))
         .await
         .into_lease()
@@ -212,13 +219,7 @@ async fn a_node_that_grants_after_the_majority_gets_the_leases_token() {
     let ttl = p.capabilities().practical_ttl(Duration::from_secs(60));
     let k = LeaseKey::new("late-grant").unwrap();
     // The key used once (scripts loaded, fence counters made on every node).
-    let w = until_ok(|| p.try_acquire(&k, ttl))
-        .await
-        .into_lease()
-        .expect("free");
-    p.release(&w).await.unwrap();
-    // Every node's call of that acquire and release has run.
-    p.flush(Duration::from_secs(10)).await;
+    use_once(&p, &k, ttl).await;
     // Node 2's counter runs ahead, so its own token differs from the one
     // nodes 0 and 1 agree on.
     let mut late = redis::Client::open(urls[2].as_str())
