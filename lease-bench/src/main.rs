@@ -99,6 +99,10 @@ struct Opts {
     /// Seconds per scaling cell (default 5; 0.3 with --smoke).
     #[arg(long)]
     scale_secs: Option<f64>,
+    /// Only these targets of the scaling section (`lease`, `raw`, `peer`),
+    /// for profiling one of them alone; the report then has only their rows.
+    #[arg(long, value_delimiter = ',')]
+    scale_kinds: Vec<String>,
     /// Leases per session (default 100000; 500 with --smoke).
     #[arg(long)]
     session_leases: Option<usize>,
@@ -164,6 +168,7 @@ async fn main() {
             ),
             runs: opts.runs.unwrap_or(if opts.smoke { 1 } else { 3 }).max(1),
             smoke: opts.smoke,
+            kinds: opts.scale_kinds.clone(),
         };
         if let Err(e) = scale::run(&opts.backends, &plan, &opts.out).await {
             eprintln!("lease-bench: scale: {e}");

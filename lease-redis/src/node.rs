@@ -298,15 +298,32 @@ impl Node {
         !matches!(self.target, Target::Fixed(_))
     }
 
-    fn cached(&self) -> Option<(redis::Client, Conn)> {
+    fn cached(&self) -> Option<Conn> {
+        let slot = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        slot.as_ref().map(|c| c.conn.clone())
+    }
+
+    /// The connection in use, made (and, under Sentinel, the primary looked
+    /// up) when there is none: without the client behind it, whose clone
+    /// (its address and credentials) every call would pay for.
+    async fn connection(&self) -> Result<Conn> {
+        if let Some(c) = self.cached() {
+            return Ok(c);
+        }
+        // Boxed: connecting (a cluster's map, the Sentinels' answer) is a
+        // large future that every call's future would otherwise carry.
+        Ok(Box::pin(self.connection_and_client()).await?.1)
+    }
+
+    fn cached_with_client(&self) -> Option<(redis::Client, Conn)> {
         let slot = self.current.lock().unwrap_or_else(|p| p.into_inner());
         slot.as_ref().map(|c| (c.client.clone(), c.conn.clone()))
     }
 
-    /// The connection in use, made (and, under Sentinel, the primary looked
-    /// up) when there is none.
-    async fn connection(&self) -> Result<(redis::Client, Conn)> {
-        if let Some(c) = self.cached() {
+    /// The connection in use and the client that made it, both made when
+    /// there is none.
+    async fn connection_and_client(&self) -> Result<(redis::Client, Conn)> {
+        if let Some(c) = self.cached_with_client() {
             return Ok(c);
         }
         let client = match &self.target {
@@ -319,7 +336,7 @@ impl Node {
                 ..
             } => {
                 let _one = connecting.lock().await;
-                if let Some(c) = self.cached() {
+                if let Some(c) = self.cached_with_client() {
                     return Ok(c);
                 }
                 let limit = self.timeouts.connect + self.timeouts.response;
@@ -341,7 +358,7 @@ impl Node {
             }
             Target::Sentinel { target, resolving } => {
                 let _one = resolving.lock().await;
-                if let Some(c) = self.cached() {
+                if let Some(c) = self.cached_with_client() {
                     return Ok(c);
                 }
                 let url = target.resolve(self.timeouts).await?;
@@ -463,28 +480,35 @@ impl Node {
         }
     }
 
-    /// Runs one script (EVALSHA, EVAL on first use), bounded by connect +
-    /// response timeouts.
+    /// Runs one script (EVALSHA; on a server that does not have it, SCRIPT
+    /// LOAD and EVALSHA again), bounded by connect + response timeouts.
+    ///
+    /// The command is built once, and the rare load runs in its own boxed
+    /// future: a call's future stays small, which matters where it is moved
+    /// into a task or a set of calls (redis-rs's `invoke_async` carries both
+    /// paths inline and copies its arguments twice).
     pub(crate) async fn eval<T: FromRedisValue>(
         &self,
         script: &Script,
         keys: &[&str],
         args: &[&str],
     ) -> Result<T> {
-        let mut invocation = script.prepare_invoke();
-        for k in keys {
-            invocation.key(*k);
-        }
-        for a in args {
-            invocation.arg(*a);
-        }
-        let (_, mut conn) = self.connection().await?;
-        self.bounded(
-            "a Redis script",
-            Duration::ZERO,
-            invocation.invoke_async(&mut conn),
-        )
-        .await
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash())
+            .arg(keys.len())
+            .arg(keys)
+            .arg(args);
+        let mut conn = self.connection().await?;
+        let call = async {
+            match cmd.query_async(&mut conn).await {
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    Box::pin(script.load_async(&mut conn)).await?;
+                    cmd.query_async(&mut conn).await
+                }
+                answer => answer,
+            }
+        };
+        self.bounded("a Redis script", Duration::ZERO, call).await
     }
 
     /// Runs one script and then `WAIT replicas`, as one pipeline on one
@@ -511,7 +535,7 @@ impl Node {
         let wait_ms = u64::try_from((self.timeouts.response / 2).as_millis())
             .unwrap_or(u64::MAX)
             .max(1);
-        let (_, mut conn) = self.connection().await?;
+        let mut conn = self.connection().await?;
         let mut pipe = redis::pipe();
         pipe.invoke_script(&invocation)
             .cmd("WAIT")
@@ -615,7 +639,7 @@ impl Node {
 
     /// Runs one command, bounded like [`Node::eval`].
     pub(crate) async fn query<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T> {
-        let (_, mut conn) = self.connection().await?;
+        let mut conn = self.connection().await?;
         self.bounded(
             "a Redis command",
             Duration::ZERO,
@@ -645,7 +669,7 @@ impl Node {
                     .map(|i| seeds[(first + i) % seeds.len()].clone())
                     .collect()
             }
-            _ => vec![self.connection().await?.0],
+            _ => vec![self.connection_and_client().await?.0],
         };
         let mut last = None;
         let mut subscribed = None;

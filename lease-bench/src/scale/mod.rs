@@ -29,6 +29,8 @@ pub struct Plan {
     /// Runs of the whole matrix; a figure is the median run's, with the spread.
     pub runs: usize,
     pub smoke: bool,
+    /// Only targets of these kinds; empty runs them all.
+    pub kinds: Vec<String>,
 }
 
 /// One cell of one run.
@@ -68,6 +70,9 @@ pub async fn run(backends: &[String], plan: &Plan, out: &Path) -> Result<(), Str
             // all three alike.
             for &c in &plan.tasks {
                 for t in &all {
+                    if !plan.kinds.is_empty() && !plan.kinds.iter().any(|k| k == t.kind()) {
+                        continue;
+                    }
                     eprintln!(
                         "lease-bench: scale run {}/{}, {b} {} at {c} tasks",
                         run + 1,

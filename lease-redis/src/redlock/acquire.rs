@@ -10,7 +10,7 @@ use lease_api::backend::{OwnerId, bounded};
 use lease_api::{FencingToken, Lease, LeaseError, LeaseKey, Result};
 use tokio::time::Instant;
 
-use super::RedlockProvider;
+use super::{NodeCalls, RedlockProvider};
 use crate::keys::cancel_key;
 use crate::scripts::{ACQUIRE, RAISE, RELEASE};
 use crate::single::millis;
@@ -65,7 +65,7 @@ pub(super) enum Round {
 impl RedlockProvider {
     /// After a won round, the nodes that had not answered yet: each that
     /// grants later with a token of its own gets the lease's token too
-    /// (RAISE, in the background),
+    /// (RAISE, run in the background with the round's late calls),
     /// or its copy would keep its own token, which every extend refuses, and
     /// the lease would live on the first majority alone: losing a minority
     /// of the nodes could then take it.
@@ -77,10 +77,10 @@ impl RedlockProvider {
         token: u64,
         holder: &str,
         limit: Duration,
-    ) {
+    ) -> impl Future<Output = ()> + Send + 'static {
         let inner = Arc::clone(&self.inner);
         let args = [owner_hex.to_owned(), token.to_string(), holder.to_owned()];
-        self.inner.cleanups.spawn(async move {
+        async move {
             while let Some((i, reply)) = late.recv().await {
                 // A copy that already carries the lease's token (counters
                 // in agreement, the steady state) needs nothing.
@@ -104,7 +104,7 @@ impl RedlockProvider {
                     );
                 }
             }
-        });
+        }
     }
 
     /// One round of Redlock's acquire on every node (plus the raise step when a
@@ -122,17 +122,23 @@ impl RedlockProvider {
         let holder = lease_api::holder();
         let sent_at = Instant::now();
         let (tx, mut rx) = tokio::sync::mpsc::channel(n);
+        let mut calls = NodeCalls::new(&self.inner);
+        // One copy of the script's keys and arguments for every node's call.
+        let script_args = Arc::new([
+            lease_key.clone(),
+            fence_key.clone(),
+            cancel,
+            owner_hex.clone(),
+            millis(ttl).to_string(),
+            holder.to_string(),
+        ]);
         for i in 0..n {
             let (inner, tx) = (Arc::clone(&self.inner), tx.clone());
-            let keys = [lease_key.clone(), fence_key.clone(), cancel.clone()];
-            let args = [
-                owner_hex.clone(),
-                millis(ttl).to_string(),
-                holder.to_string(),
-            ];
-            let task = async move {
-                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let script_args = Arc::clone(&script_args);
+            calls.push(async move {
+                let [k0, k1, k2, a0, a1, a2] = &*script_args;
+                let keys = [k0.as_str(), k1.as_str(), k2.as_str()];
+                let args = [a0.as_str(), a1.as_str(), a2.as_str()];
                 let call = inner.nodes[i].eval::<(i64, i64, String)>(&ACQUIRE, &keys, &args);
                 let reply = match bounded("a Redlock node's acquire", limit, call, |e| e).await {
                     Ok((1, token, _)) => Reply::Yes(u64::try_from(token).unwrap_or(0)),
@@ -140,16 +146,13 @@ impl RedlockProvider {
                     Err(e) => Reply::Down(e),
                 };
                 let _ = tx.send((i, reply)).await;
-            };
-            if let Some(rest) = super::start_here(task) {
-                tokio::spawn(rest);
-            }
+            });
         }
         drop(tx);
         let mut replies: Vec<Option<Reply>> = (0..n).map(|_| None).collect();
         let (mut yes, mut refused) = (0, 0);
         while yes < quorum && refused <= n - quorum {
-            let Some((i, reply)) = rx.recv().await else {
+            let Some((i, reply)) = calls.recv(&mut rx).await else {
                 break;
             };
             match reply {
@@ -158,6 +161,8 @@ impl RedlockProvider {
             }
             replies[i] = Some(reply);
         }
+        // Whatever else happens, the late calls go on in the background.
+        let mut calls = Some(calls);
         let won: Vec<(usize, u64)> = replies
             .iter()
             .enumerate()
@@ -170,6 +175,7 @@ impl RedlockProvider {
         if won.len() >= quorum && Instant::now() < lease.valid_until() {
             let TokenStep { token, raise } = token_step(&won);
             let raised = if raise {
+                drop(calls.take());
                 // Step two: every node of the majority raises its counter to
                 // the token while we hold the lease there, so any later
                 // majority (which shares a node with this one) issues a larger
@@ -195,7 +201,7 @@ impl RedlockProvider {
             let lease = Lease::new(key.clone(), FencingToken(token), owner, ttl, sent_at)
                 .with_holder(Arc::clone(&holder));
             if raised >= quorum && Instant::now() < lease.valid_until() {
-                self.raise_late_nodes(
+                let late = self.raise_late_nodes(
                     rx,
                     (lease_key, fence_key),
                     &owner_hex,
@@ -203,9 +209,16 @@ impl RedlockProvider {
                     &holder,
                     limit,
                 );
+                // One background task for the late calls and their raises
+                // (none when every node already answered in agreement).
+                calls
+                    .take()
+                    .unwrap_or_else(|| NodeCalls::new(&self.inner))
+                    .finish_with(late);
                 return Ok(Round::Won(lease));
             }
         }
+        drop(calls);
         let mut remaining: Option<Duration> = None;
         let mut holders: Vec<String> = Vec::new();
         for r in replies.iter().flatten() {

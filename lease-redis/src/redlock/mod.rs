@@ -4,10 +4,11 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use futures_util::future::join_all;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use lease_api::backend::{bounded, validate_namespace};
 use lease_api::{
     Capabilities, ExpiryClock, Failover, FailoverTokens, LeaseError, LeaseKey, Result,
@@ -24,24 +25,96 @@ mod ops;
 
 pub use config::RedlockConfig;
 
-/// Starts `task` here and returns the rest of it, to run in the background
-/// (`None` when it already finished). Polled once in the caller, a node's
-/// task usually puts its command on that node's connection before the caller
-/// sends the node anything else: a task spawned unpolled may not run until
-/// after the caller's next command (a release overtaking the acquire it
-/// releases, when the worker that queued the acquire is descheduled on a
-/// loaded machine), which leaves a copy behind to cancel and a counter to
-/// raise. Not always: the first poll stops before sending while the node is
-/// connecting, its script is not cached, the client's request queue is full
-/// or the caller's task budget is spent; the cancel of a node that said no
-/// still cleans up then. Every later poll is the spawned task's.
-fn start_here<F>(task: F) -> Option<Pin<Box<F>>>
-where
-    F: Future<Output = ()>,
-{
-    let mut task = Box::pin(task);
-    let mut cx = Context::from_waker(Waker::noop());
-    task.as_mut().poll(&mut cx).is_pending().then_some(task)
+/// The node calls of one round, run in the caller's task rather than one
+/// spawned task each (a spawn per node and operation was most of Redlock's
+/// client CPU at 256 tasks). Each call is first polled in the caller, in
+/// node order, so its command is on that node's connection before the
+/// caller sends the node anything else: a call left to a task that has not
+/// run yet could be overtaken by the caller's next command (a release
+/// overtaking the acquire it releases, leaving a copy behind to cancel and a
+/// counter to raise). Not always: the first poll stops before sending while
+/// the node is connecting or its script is not cached, or when the client's
+/// request queue is full; the cancel of a node that said no still cleans up
+/// then.
+///
+/// What is still running when the caller stops listening (the round
+/// decided, or the caller's future was dropped) goes on in one background
+/// task, tracked by the provider's cleanups, so a slow node's call still
+/// runs to its end and `flush` waits for it.
+struct NodeCalls {
+    calls: FuturesUnordered<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    tracker: tokio_util::task::TaskTracker,
+}
+
+impl NodeCalls {
+    fn new(inner: &Inner) -> Self {
+        NodeCalls {
+            calls: FuturesUnordered::new(),
+            tracker: inner.cleanups.clone(),
+        }
+    }
+
+    fn push(&mut self, call: impl Future<Output = ()> + Send + 'static) {
+        self.calls.push(Box::pin(call));
+    }
+
+    /// The next answer on `rx`, driving the calls meanwhile. Cancel-safe.
+    async fn recv<T>(&mut self, rx: &mut tokio::sync::mpsc::Receiver<T>) -> Option<T> {
+        loop {
+            tokio::select! {
+                biased;
+                answer = rx.recv() => return answer,
+                Some(()) = self.calls.next(), if !self.calls.is_empty() => {}
+            }
+        }
+    }
+
+    /// Hands what is still running, and `then`, to one background task
+    /// (none when both are already done).
+    fn finish_with(mut self, then: impl Future<Output = ()> + Send + 'static) {
+        let mut calls = std::mem::take(&mut self.calls);
+        let rest = async move {
+            let drain = async { while calls.next().await.is_some() {} };
+            futures_util::future::join(drain, then).await;
+        };
+        let mut rest = Box::pin(rest);
+        let mut cx = Context::from_waker(Waker::noop());
+        if rest.as_mut().poll(&mut cx).is_pending() {
+            spawn_tracked(&self.tracker, rest);
+        }
+    }
+}
+
+impl Drop for NodeCalls {
+    fn drop(&mut self) {
+        if self.calls.is_empty() {
+            return;
+        }
+        let mut calls = std::mem::take(&mut self.calls);
+        // A last look: calls whose answers already arrived need no task
+        // (not while unwinding: a call that panicked now would abort).
+        if !std::thread::panicking() {
+            let mut cx = Context::from_waker(Waker::noop());
+            while let Poll::Ready(Some(())) = calls.poll_next_unpin(&mut cx) {}
+        }
+        if !calls.is_empty() {
+            spawn_tracked(&self.tracker, async move {
+                while calls.next().await.is_some() {}
+            });
+        }
+    }
+}
+
+/// Spawns `task` on the current runtime, tracked; outside a runtime (a
+/// round dropped after its runtime ended) the task is dropped, as a spawned
+/// one would have been.
+fn spawn_tracked(
+    tracker: &tokio_util::task::TaskTracker,
+    task: impl Future<Output = ()> + Send + 'static,
+) {
+    if let Ok(handle) = tokio::runtime::Handle::try_current() {
+        tracker.spawn_on(task, &handle);
+    }
 }
 
 struct Inner {
@@ -219,7 +292,7 @@ impl RedlockProvider {
     /// Runs a yes/no script on every node in parallel, each bounded by
     /// `limit`, and returns as soon as the outcome is decided: a majority said
     /// yes, or a majority said no. A slow node does not hold up a decided
-    /// vote, but its call still runs to its end in its own task: a renewal
+    /// vote, but its call still runs to its end in the background: a renewal
     /// must reach every node it can, or the lease would live on only the
     /// fastest majority, and losing a minority of nodes could then take it.
     /// (A dropped call may never have been sent, or may stop after the
@@ -232,15 +305,14 @@ impl RedlockProvider {
         let quorum = self.inner.quorum;
         let n = self.inner.nodes.len();
         let (tx, mut rx) = tokio::sync::mpsc::channel(n);
+        let mut calls = NodeCalls::new(&self.inner);
         for i in 0..n {
             let call = f(Arc::clone(&self.inner), i);
             let tx = tx.clone();
-            if let Some(rest) = start_here(async move {
+            calls.push(async move {
                 let r = bounded("a Redlock node", limit, call, |e| e).await;
                 let _ = tx.send((i, r)).await;
-            }) {
-                self.inner.cleanups.spawn(rest);
-            }
+            });
         }
         drop(tx);
         let mut vote = Vote {
@@ -254,7 +326,7 @@ impl RedlockProvider {
         // node that errs may still hold the lease.
         let mut no = 0;
         while vote.yes < quorum && no <= n - quorum {
-            match rx.recv().await {
+            match calls.recv(&mut rx).await {
                 Some((i, Ok(answer))) => {
                     vote.answered[i] = true;
                     if answer == 1 {

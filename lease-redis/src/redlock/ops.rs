@@ -15,7 +15,7 @@ use redis::Value;
 use tokio::time::Instant;
 
 use super::acquire::Round;
-use super::{RedlockProvider, Vote};
+use super::{NodeCalls, RedlockProvider, Vote};
 use crate::scripts::{EXTEND, EXTEND_BATCH, EXTEND_MANY, INSPECT, RELEASE, held_by};
 use crate::single::{ExtendBatch, millis, parse_value};
 
@@ -181,13 +181,16 @@ impl LeaseProvider for RedlockProvider {
         // later reads it to decide whether its node needs a cancel.
         let (decided_tx, decided) = tokio::sync::watch::channel(None::<bool>);
         let (tx, mut rx) = tokio::sync::mpsc::channel(n);
+        let mut calls = NodeCalls::new(&self.inner);
+        // One copy of the names for every node's call.
+        let names = Arc::new((lease_key, owner, held, lease.key().as_str().to_owned()));
+        let ttl = lease.ttl();
         for i in 0..n {
             let (inner, tx, mut decided) = (Arc::clone(&self.inner), tx.clone(), decided.clone());
-            let (lease_key, owner, held) = (lease_key.clone(), owner.clone(), held.clone());
-            let key = lease.key().as_str().to_owned();
-            let ttl = lease.ttl();
+            let names = Arc::clone(&names);
             // Tracked: `flush` waits for a late node's answer and its cancel.
-            let task = async move {
+            calls.push(async move {
+                let (lease_key, owner, held, key) = &*names;
                 let args = [held.as_str(), inner.channel.as_str(), key.as_str()];
                 let keys = [lease_key.as_str()];
                 let call = inner.nodes[i].eval::<i64>(&RELEASE, &keys, &args);
@@ -214,13 +217,10 @@ impl LeaseProvider for RedlockProvider {
                 };
                 if errored || released {
                     inner.nodes[i]
-                        .cancel_until_done(&lease_key, &owner, ttl, &inner.channel, &key)
+                        .cancel_until_done(lease_key, owner, ttl, &inner.channel, key)
                         .await;
                 }
-            };
-            if let Some(rest) = super::start_here(task) {
-                self.inner.cleanups.spawn(rest);
-            }
+            });
         }
         drop(tx);
         // Close early only on a decided outcome: a majority said yes, or a
@@ -229,7 +229,7 @@ impl LeaseProvider for RedlockProvider {
         let (mut yes, mut no) = (0, 0);
         let mut errors = Vec::new();
         while yes < quorum && no <= n - quorum {
-            match rx.recv().await {
+            match calls.recv(&mut rx).await {
                 Some((_, Ok(1))) => yes += 1,
                 Some((_, Ok(_))) => no += 1,
                 Some((_, Err(e))) => errors.push(e),
@@ -237,6 +237,7 @@ impl LeaseProvider for RedlockProvider {
             }
         }
         let _ = decided_tx.send(Some(yes >= quorum));
+        drop(calls);
         if yes >= quorum {
             return Ok(());
         }
