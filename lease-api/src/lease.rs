@@ -44,14 +44,19 @@ impl From<u64> for FencingToken {
 pub struct OwnerId(u128);
 
 impl OwnerId {
-    /// A new random owner id (UUID v4: 122 random bits from the OS generator).
+    /// A new random owner id (UUID v4: 122 random bits from a thread-local
+    /// generator seeded by the OS, without a system call per id).
     pub fn random() -> Self {
         OwnerId(uuid::Uuid::new_v4().as_u128())
     }
 
     /// The id as 32 lowercase hex digits, the form providers store.
     pub fn to_hex(self) -> String {
-        format!("{:032x}", self.0)
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        (0..32)
+            .rev()
+            .map(|i| char::from(DIGITS[((self.0 >> (i * 4)) & 0xf) as usize]))
+            .collect()
     }
 
     /// Parses the 32-hex-digit form written by [`OwnerId::to_hex`].
@@ -342,6 +347,11 @@ mod tests {
         assert_ne!(a, b);
         assert_eq!(OwnerId::from_hex(&a.to_hex()), Some(a));
         assert_eq!(OwnerId::from_hex("xyz"), None);
+        // Zero-padded, lowercase, most significant digit first.
+        let small = OwnerId(0xab);
+        assert_eq!(small.to_hex(), format!("{:032x}", 0xabu128));
+        assert_eq!(OwnerId(u128::MAX).to_hex(), "f".repeat(32));
+        assert_eq!(a.to_hex(), format!("{:032x}", a.0));
     }
 
     #[test]

@@ -404,9 +404,21 @@ impl Node {
         call: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> Result<T> {
         let limit = self.timeouts.connect + self.timeouts.response + extra;
+        self.bounded_at(what, limit, true, call).await
+    }
+
+    /// [`Node::bounded`] at `limit`; a timeout drops the connection only
+    /// when `forget_on_timeout`.
+    async fn bounded_at<T>(
+        &self,
+        what: &'static str,
+        limit: Duration,
+        forget_on_timeout: bool,
+        call: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T> {
         let result = lease_api::backend::bounded(what, limit, call, |e| self.map_err(e)).await;
         match &result {
-            Err(LeaseError::Timeout { .. }) => self.forget_connection(),
+            Err(LeaseError::Timeout { .. }) if forget_on_timeout => self.forget_connection(),
             // A primary that is gone or was demoted (READONLY) is "unavailable":
             // under Sentinel the next call looks for the new one.
             Err(LeaseError::Unavailable { .. }) if self.follows_failovers() => {
@@ -493,6 +505,25 @@ impl Node {
         keys: &[&str],
         args: &[&str],
     ) -> Result<T> {
+        let own = self.timeouts.connect + self.timeouts.response;
+        self.eval_within("a Redis script", own, script, keys, args)
+            .await
+    }
+
+    /// [`Node::eval`], bounded by `limit` instead when that is shorter (a
+    /// Redlock node's share of the TTL): one timer, not one inside another.
+    /// A call that runs out of its `limit` keeps the connection (a slow
+    /// node is not a dead one); one that runs out of connect + response
+    /// drops it, as every other call does.
+    pub(crate) async fn eval_within<T: FromRedisValue>(
+        &self,
+        what: &'static str,
+        limit: Duration,
+        script: &Script,
+        keys: &[&str],
+        args: &[&str],
+    ) -> Result<T> {
+        let own = self.timeouts.connect + self.timeouts.response;
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(script.get_hash())
             .arg(keys.len())
@@ -508,7 +539,11 @@ impl Node {
                 answer => answer,
             }
         };
-        self.bounded("a Redis script", Duration::ZERO, call).await
+        if limit < own {
+            self.bounded_at(what, limit, false, call).await
+        } else {
+            self.bounded_at("a Redis script", own, true, call).await
+        }
     }
 
     /// Runs one script and then `WAIT replicas`, as one pipeline on one

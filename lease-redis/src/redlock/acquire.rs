@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use lease_api::backend::{OwnerId, bounded};
+use lease_api::backend::OwnerId;
 use lease_api::{FencingToken, Lease, LeaseError, LeaseKey, Result};
 use tokio::time::Instant;
 
@@ -89,13 +89,9 @@ impl RedlockProvider {
                 }
                 let keys = [lease_key.as_str(), fence_key.as_str()];
                 let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                let raised = bounded(
-                    "a Redlock node's raise",
-                    limit,
-                    inner.nodes[i].eval::<i64>(&RAISE, &keys, &args),
-                    |e| e,
-                )
-                .await;
+                let raised = inner.nodes[i]
+                    .eval_within::<i64>("a Redlock node's raise", limit, &RAISE, &keys, &args)
+                    .await;
                 if !matches!(raised, Ok(1)) {
                     tracing::debug!(
                         node = i,
@@ -139,8 +135,14 @@ impl RedlockProvider {
                 let [k0, k1, k2, a0, a1, a2] = &*script_args;
                 let keys = [k0.as_str(), k1.as_str(), k2.as_str()];
                 let args = [a0.as_str(), a1.as_str(), a2.as_str()];
-                let call = inner.nodes[i].eval::<(i64, i64, String)>(&ACQUIRE, &keys, &args);
-                let reply = match bounded("a Redlock node's acquire", limit, call, |e| e).await {
+                let call = inner.nodes[i].eval_within::<(i64, i64, String)>(
+                    "a Redlock node's acquire",
+                    limit,
+                    &ACQUIRE,
+                    &keys,
+                    &args,
+                );
+                let reply = match call.await {
                     Ok((1, token, _)) => Reply::Yes(u64::try_from(token).unwrap_or(0)),
                     Ok((_, pttl, holder)) => Reply::No(pttl, holder),
                     Err(e) => Reply::Down(e),
@@ -184,11 +186,12 @@ impl RedlockProvider {
                 let keys = [lease_key.as_str(), fence_key.as_str()];
                 let raise_args = [owner_hex.as_str(), token_arg.as_str(), &holder];
                 join_all(won.iter().map(|(i, _)| {
-                    bounded(
+                    self.inner.nodes[*i].eval_within::<i64>(
                         "a Redlock node's raise",
                         limit,
-                        self.inner.nodes[*i].eval::<i64>(&RAISE, &keys, &raise_args),
-                        |e| e,
+                        &RAISE,
+                        &keys,
+                        &raise_args,
                     )
                 }))
                 .await
@@ -261,13 +264,15 @@ impl RedlockProvider {
                 // It answered: release there now, and cancel in the background
                 // only if that fails.
                 Some(Reply::Yes(_)) => undo.push(async move {
-                    let released = bounded(
-                        "a Redlock node's release",
-                        limit,
-                        self.inner.nodes[i].eval::<i64>(&RELEASE, &release_keys, &release_args),
-                        |e| e,
-                    )
-                    .await;
+                    let released = self.inner.nodes[i]
+                        .eval_within::<i64>(
+                            "a Redlock node's release",
+                            limit,
+                            &RELEASE,
+                            &release_keys,
+                            &release_args,
+                        )
+                        .await;
                     (i, released.is_ok())
                 }),
                 _ => self.cancel_on(i, lease_key.clone(), owner_hex.clone(), ttl, key, channel),

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use lease_api::backend::{bounded, validate_namespace};
+use lease_api::backend::validate_namespace;
 use lease_api::{
     Capabilities, ExpiryClock, Failover, FailoverTokens, LeaseError, LeaseKey, Result,
     TokenDurability,
@@ -289,15 +289,15 @@ impl RedlockProvider {
         join_all(self.inner.nodes.iter().map(f)).await
     }
 
-    /// Runs a yes/no script on every node in parallel, each bounded by
-    /// `limit`, and returns as soon as the outcome is decided: a majority said
+    /// Runs a yes/no script on every node in parallel (`f` bounds each
+    /// call by the node timeout), and returns as soon as the outcome is decided: a majority said
     /// yes, or a majority said no. A slow node does not hold up a decided
     /// vote, but its call still runs to its end in the background: a renewal
     /// must reach every node it can, or the lease would live on only the
     /// fastest majority, and losing a minority of nodes could then take it.
     /// (A dropped call may never have been sent, or may stop after the
     /// server's `NOSCRIPT` before it sends the script itself.)
-    async fn vote<F, Fut>(&self, limit: Duration, f: F) -> Vote
+    async fn vote<F, Fut>(&self, f: F) -> Vote
     where
         F: Fn(Arc<Inner>, usize) -> Fut,
         Fut: std::future::Future<Output = Result<i64>> + Send + 'static,
@@ -310,7 +310,7 @@ impl RedlockProvider {
             let call = f(Arc::clone(&self.inner), i);
             let tx = tx.clone();
             calls.push(async move {
-                let r = bounded("a Redlock node", limit, call, |e| e).await;
+                let r = call.await;
                 let _ = tx.send((i, r)).await;
             });
         }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::future::join_all;
-use lease_api::backend::{KeyWatch, OwnerId, bounded};
+use lease_api::backend::{KeyWatch, OwnerId};
 use lease_api::{
     Capabilities, FencingToken, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Result,
     TryAcquire,
@@ -78,11 +78,13 @@ impl LeaseProvider for RedlockProvider {
         let sent_at = Instant::now();
         let limit = self.node_timeout(ttl);
         let Vote { yes, errors, .. } = self
-            .vote(limit, |inner, i| {
+            .vote(|inner, i| {
                 let (lease_key, held, ttl_ms) = (lease_key.clone(), held.clone(), ttl_ms.clone());
                 async move {
                     inner.nodes[i]
-                        .eval::<i64>(
+                        .eval_within::<i64>(
+                            "a Redlock node",
+                            limit,
                             &EXTEND,
                             &[lease_key.as_str()],
                             &[held.as_str(), ttl_ms.as_str()],
@@ -116,13 +118,8 @@ impl LeaseProvider for RedlockProvider {
             .round(|n| {
                 let (keys, args) = (&keys, &args);
                 async move {
-                    bounded(
-                        "a Redlock node",
-                        limit,
-                        n.eval::<Vec<i64>>(&EXTEND_MANY, keys, args),
-                        |e| e,
-                    )
-                    .await
+                    n.eval_within::<Vec<i64>>("a Redlock node", limit, &EXTEND_MANY, keys, args)
+                        .await
                 }
             })
             .await;
@@ -193,8 +190,9 @@ impl LeaseProvider for RedlockProvider {
                 let (lease_key, owner, held, key) = &*names;
                 let args = [held.as_str(), inner.channel.as_str(), key.as_str()];
                 let keys = [lease_key.as_str()];
-                let call = inner.nodes[i].eval::<i64>(&RELEASE, &keys, &args);
-                let answer = bounded("a Redlock node", limit, call, |e| e).await;
+                let answer = inner.nodes[i]
+                    .eval_within::<i64>("a Redlock node", limit, &RELEASE, &keys, &args)
+                    .await;
                 let said_yes = matches!(answer, Ok(1));
                 let errored = answer.is_err();
                 let _ = tx.send((i, answer)).await;
