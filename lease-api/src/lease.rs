@@ -53,10 +53,11 @@ impl OwnerId {
     /// The id as 32 lowercase hex digits, the form providers store.
     pub fn to_hex(self) -> String {
         const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        (0..32)
-            .rev()
-            .map(|i| char::from(DIGITS[((self.0 >> (i * 4)) & 0xf) as usize]))
-            .collect()
+        let mut hex = String::with_capacity(48);
+        for i in (0..32).rev() {
+            hex.push(char::from(DIGITS[((self.0 >> (i * 4)) & 0xf) as usize]));
+        }
+        hex
     }
 
     /// Parses the 32-hex-digit form written by [`OwnerId::to_hex`].

@@ -13,6 +13,10 @@ pub(crate) fn encode(s: &str) -> String {
 }
 
 fn encode_into(out: &mut String, s: &str) {
+    if !s.contains(['%', '{', '}', '|']) {
+        out.push_str(s);
+        return;
+    }
     for c in s.chars() {
         match c {
             '%' => out.push_str("%25"),
@@ -90,7 +94,11 @@ pub(crate) fn ticket_message(key: &str, member: &str) -> String {
 /// later refuses instead of leaving a lease nobody knows about.
 pub(crate) fn cancel_key(lease_key: &str, owner_hex: &str) -> String {
     let tag = lease_key.strip_suffix(":lease").unwrap_or(lease_key);
-    format!("{tag}:cancel:{owner_hex}")
+    let mut key = String::with_capacity(tag.len() + 8 + owner_hex.len());
+    key.push_str(tag);
+    key.push_str(":cancel:");
+    key.push_str(owner_hex);
+    key
 }
 
 /// The SCAN pattern of every Redis key (lease, fence counter, tombstone) of

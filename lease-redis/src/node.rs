@@ -524,7 +524,9 @@ impl Node {
         args: &[&str],
     ) -> Result<T> {
         let own = self.timeouts.connect + self.timeouts.response;
-        let mut cmd = redis::cmd("EVALSHA");
+        let data: usize = keys.iter().chain(args).map(|a| a.len() + 16).sum();
+        let mut cmd = redis::Cmd::with_capacity(3 + keys.len() + args.len(), data + 64);
+        cmd.arg("EVALSHA");
         cmd.arg(script.get_hash())
             .arg(keys.len())
             .arg(keys)

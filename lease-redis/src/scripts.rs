@@ -34,7 +34,10 @@ return {1, token, ''}
 /// `<owner>:<token>` before labels) must start with it up to a `:` or equal
 /// it, so a stale or forged lease with either part wrong touches nothing.
 pub(crate) fn held_by(lease: &lease_api::Lease) -> String {
-    format!("{}:{}", lease.owner().to_hex(), lease.token())
+    let mut held = lease.owner().to_hex();
+    held.push(':');
+    held.push_str(&lease.token().get().to_string());
+    held
 }
 
 /// KEYS: lease. ARGV: `<owner>:<token>` (see [`held_by`]), ttl ms. Returns 1

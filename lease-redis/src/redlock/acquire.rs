@@ -72,14 +72,11 @@ impl RedlockProvider {
     fn raise_late_nodes(
         &self,
         mut late: tokio::sync::mpsc::Receiver<(usize, Reply)>,
-        (lease_key, fence_key): (String, String),
-        owner_hex: &str,
+        script_args: Arc<[String; 6]>,
         token: u64,
-        holder: &str,
         limit: Duration,
     ) -> impl Future<Output = ()> + Send + 'static {
         let inner = Arc::clone(&self.inner);
-        let args = [owner_hex.to_owned(), token.to_string(), holder.to_owned()];
         async move {
             while let Some((i, reply)) = late.recv().await {
                 // A copy that already carries the lease's token (counters
@@ -87,8 +84,12 @@ impl RedlockProvider {
                 if !matches!(reply, Reply::Yes(t) if t != token) {
                     continue;
                 }
+                // The acquire's own keys and arguments: lease, fence; owner,
+                // (ttl), holder.
+                let [lease_key, fence_key, _, owner_hex, _, holder] = &*script_args;
                 let keys = [lease_key.as_str(), fence_key.as_str()];
-                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                let token = token.to_string();
+                let args = [owner_hex.as_str(), token.as_str(), holder.as_str()];
                 let raised = inner.nodes[i]
                     .eval_within::<i64>("a Redlock node's raise", limit, &RAISE, &keys, &args)
                     .await;
@@ -204,14 +205,7 @@ impl RedlockProvider {
             let lease = Lease::new(key.clone(), FencingToken(token), owner, ttl, sent_at)
                 .with_holder(Arc::clone(&holder));
             if raised >= quorum && Instant::now() < lease.valid_until() {
-                let late = self.raise_late_nodes(
-                    rx,
-                    (lease_key, fence_key),
-                    &owner_hex,
-                    token,
-                    &holder,
-                    limit,
-                );
+                let late = self.raise_late_nodes(rx, script_args, token, limit);
                 // One background task for the late calls and their raises
                 // (none when every node already answered in agreement).
                 calls
