@@ -7,8 +7,8 @@ use std::path::Path;
 
 use super::{Plan, Row};
 
-const KINDS: [&str; 3] = ["lease", "raw", "peer"];
-const COLORS: [&str; 3] = ["#d95f02", "#1b9e77", "#7570b3"];
+const KINDS: [&str; 4] = ["lease", "raw", "protocol", "peer"];
+const COLORS: [&str; 4] = ["#d95f02", "#1b9e77", "#66a61e", "#7570b3"];
 
 pub(crate) struct Meta<'a> {
     pub(crate) plan: &'a Plan,
@@ -91,7 +91,8 @@ fn section(cells: &[Cell<'_>], meta: &Meta<'_>) -> String {
         "Written by `scripts/bench-scale` (`lease-bench --scale`) on {}; {}. C tasks in one \
          process share one client and loop for {:.1} s per cell, each on its own key: take the key, \
          release it. *lease* is our provider (`try_acquire` + `release`), *raw* the store commands \
-         that give the same guarantees on the same client crate, *peer* the peer crate linked in \
+         that give the same guarantees on the same client crate, *protocol* (where it differs) \
+         the store work of our own protocol on that raw client, *peer* the peer crate linked in \
          this process. C = {}; {} run(s); a figure is the run with the median ops/s, with the \
          spread of ops/s over all runs. CPU is this process's (user + system) per operation. Load \
          average (1, 5, 15 min) at the start: {}; at the end: {}.\n",
@@ -113,30 +114,37 @@ fn section(cells: &[Cell<'_>], meta: &Meta<'_>) -> String {
     let _ = writeln!(md, "### Against the raw floor\n");
     let _ = writeln!(
         md,
-        "| backend | C | lease ops/s | raw ops/s | lease / raw | peer ops/s | lease p99 / raw p99 (ms) |"
+        "| backend | C | lease ops/s | raw ops/s | lease / raw | lease / protocol | peer ops/s | lease p99 / raw p99 (ms) |"
     );
-    let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---|");
+    let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---|");
     for b in &backends {
         for &c in &plan.tasks {
-            let (Some(ours), raw, peer) = (
+            let (Some(ours), raw, protocol, peer) = (
                 find(cells, b, "lease", c),
                 find(cells, b, "raw", c),
+                find(cells, b, "protocol", c),
                 find(cells, b, "peer", c),
             ) else {
                 continue;
+            };
+            let ratio = |x: Option<&Cell<'_>>| {
+                x.map_or("–".into(), |r| {
+                    format!(
+                        "{:.2}x",
+                        ours.median.ops_per_sec / r.median.ops_per_sec.max(1e-9)
+                    )
+                })
             };
             let ops = |x: Option<&Cell<'_>>| {
                 x.map_or("–".into(), |x| format!("{:.0}", x.median.ops_per_sec))
             };
             let _ = writeln!(
                 md,
-                "| {b} | {c} | {:.0} | {} | {} | {} | {} |",
+                "| {b} | {c} | {:.0} | {} | {} | {} | {} | {} |",
                 ours.median.ops_per_sec,
                 ops(raw),
-                raw.map_or("–".into(), |r| format!(
-                    "{:.2}x",
-                    ours.median.ops_per_sec / r.median.ops_per_sec.max(1e-9)
-                )),
+                ratio(raw),
+                ratio(protocol),
                 ops(peer),
                 raw.map_or(ms(ours.median.p99_ms), |r| format!(
                     "{} / {}",

@@ -34,7 +34,8 @@ impl TaskKey {
 /// One thing to measure.
 #[async_trait]
 pub(crate) trait Target: Send + Sync {
-    /// `lease`, `raw` or `peer`.
+    /// `lease`, `raw`, `protocol` (our protocol's store work on the raw
+    /// client, where it differs from the raw floor's) or `peer`.
     fn kind(&self) -> &'static str;
     /// What it runs, for the report.
     fn what(&self) -> &'static str;
@@ -231,6 +232,80 @@ impl Target for ZkFloor {
     }
 }
 
+/// ZooKeeper, the store work of our protocol on the raw client: a multi that
+/// creates the holder node and the owner's marker and bumps the key node's
+/// version (the epoch, which fences a takeover), then a multi that checks the
+/// epoch and deletes both. Against the plain floor it measures what the
+/// fencing epoch and the marker cost the server; against ours, what our
+/// client code adds.
+struct ZkProtocol {
+    client: zk::Client,
+}
+
+const ZK_PROTOCOL_DIR: &str = "/lease-bench-protocol";
+
+#[async_trait]
+impl Target for ZkProtocol {
+    fn kind(&self) -> &'static str {
+        "protocol"
+    }
+    fn what(&self) -> &'static str {
+        "multi(create holder + marker, bump epoch); multi(check epoch, delete both), one zookeeper-client session"
+    }
+    async fn cycle(&self, key: &TaskKey) -> Result<bool> {
+        let key_node = zk_path(ZK_PROTOCOL_DIR, &key.text);
+        let holder = format!("{key_node}/holder");
+        let marker = format!("{key_node}/o-00000000000000000000000000000001");
+        let ephemeral = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
+        let mut epoch = None;
+        for _ in 0..2 {
+            let mut w = self.client.new_multi_writer();
+            w.add_create(
+                &holder,
+                b"00000000000000000000000000000001:30000:bench",
+                &ephemeral,
+            )
+            .and_then(|()| w.add_create(&marker, b"", &ephemeral))
+            .and_then(|()| w.add_set_data(&key_node, b"", None))
+            .map_err(err)?;
+            match w.commit().await {
+                Ok(results) => {
+                    epoch = results.into_iter().find_map(|r| match r {
+                        zk::MultiWriteResult::SetData { stat } => Some(stat.version),
+                        _ => None,
+                    });
+                    break;
+                }
+                Err(zk::MultiWriteError::OperationFailed {
+                    source: zk::Error::NoNode,
+                    ..
+                }) => {
+                    let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+                    match self.client.create(&key_node, b"", &persistent).await {
+                        Ok(_) | Err(zk::Error::NodeExists) => {}
+                        Err(e) => return Err(err(e)),
+                    }
+                }
+                Err(zk::MultiWriteError::OperationFailed {
+                    source: zk::Error::NodeExists,
+                    ..
+                }) => return Ok(false),
+                Err(e) => return Err(err(e)),
+            }
+        }
+        let Some(epoch) = epoch else {
+            return Err(err(format!("{key_node}: the key node could not be made")));
+        };
+        let mut w = self.client.new_multi_writer();
+        w.add_check_version(&key_node, epoch)
+            .and_then(|()| w.add_delete(&marker, Some(0)))
+            .and_then(|()| w.add_delete(&holder, None))
+            .map_err(err)?;
+        w.commit().await.map_err(err)?;
+        Ok(true)
+    }
+}
+
 /// etcd's lock service: grant a lease, Lock, Unlock, revoke in the background.
 struct EtcdLockPeer {
     client: etcd_client::Client,
@@ -402,6 +477,10 @@ pub(crate) async fn others(store: &Store) -> Result<Vec<Arc<dyn Target>>> {
         Store::Zk { hosts, .. } => {
             let client = zk_client(hosts).await?;
             zk_dir(&client, ZK_DIR).await?;
+            zk_dir(&client, ZK_PROTOCOL_DIR).await?;
+            out.push(Arc::new(ZkProtocol {
+                client: client.clone(),
+            }));
             out.push(Arc::new(ZkFloor {
                 client: client.clone(),
             }));
