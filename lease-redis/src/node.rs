@@ -404,21 +404,19 @@ impl Node {
         call: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> Result<T> {
         let limit = self.timeouts.connect + self.timeouts.response + extra;
-        self.bounded_at(what, limit, true, call).await
+        self.bounded_at(what, limit, call).await
     }
 
-    /// [`Node::bounded`] at `limit`; a timeout drops the connection only
-    /// when `forget_on_timeout`.
+    /// [`Node::bounded`] at `limit`.
     async fn bounded_at<T>(
         &self,
         what: &'static str,
         limit: Duration,
-        forget_on_timeout: bool,
         call: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> Result<T> {
         let result = lease_api::backend::bounded(what, limit, call, |e| self.map_err(e)).await;
         match &result {
-            Err(LeaseError::Timeout { .. }) if forget_on_timeout => self.forget_connection(),
+            Err(LeaseError::Timeout { .. }) => self.forget_connection(),
             // A primary that is gone or was demoted (READONLY) is "unavailable":
             // under Sentinel the next call looks for the new one.
             Err(LeaseError::Unavailable { .. }) if self.follows_failovers() => {
@@ -511,9 +509,11 @@ impl Node {
     }
 
     /// [`Node::eval`], bounded by `limit` instead when that is shorter (a
-    /// Redlock node's share of the TTL): one timer, not one inside another.
-    /// A call that runs out of its `limit` keeps the connection (a slow
-    /// node is not a dead one); one that runs out of connect + response
+    /// Redlock node's share of the TTL): one timer, not one inside another,
+    /// and it covers finding the connection too (a Sentinel or cluster node
+    /// still connecting). A call that runs out of its `limit` keeps the
+    /// connection (a slow node is not a dead one); one that runs out of
+    /// connect + response, or that the client's own response timeout ends,
     /// drops it, as every other call does.
     pub(crate) async fn eval_within<T: FromRedisValue>(
         &self,
@@ -531,21 +531,42 @@ impl Node {
             .arg(keys.len())
             .arg(keys)
             .arg(args);
-        let mut conn = self.connection().await?;
-        let call = async {
-            match cmd.query_async(&mut conn).await {
-                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    Box::pin(script.load_async(&mut conn)).await?;
-                    cmd.query_async(&mut conn).await
+        let run = |mut conn: Conn| {
+            let cmd = &cmd;
+            async move {
+                match cmd.query_async(&mut conn).await {
+                    Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                        Box::pin(script.load_async(&mut conn)).await?;
+                        cmd.query_async(&mut conn).await
+                    }
+                    answer => answer,
                 }
-                answer => answer,
             }
         };
-        if limit < own {
-            self.bounded_at(what, limit, false, call).await
-        } else {
-            self.bounded_at("a Redis script", own, true, call).await
+        if limit >= own {
+            let conn = self.connection().await?;
+            return self.bounded_at("a Redis script", own, run(conn)).await;
         }
+        let call = async {
+            let conn = self.connection().await?;
+            Ok::<_, LeaseError>(run(conn).await)
+        };
+        let answer = match tokio::time::timeout(limit, call).await {
+            Err(_) => return Err(LeaseError::timeout(what, limit)),
+            Ok(Err(e)) => return Err(e),
+            Ok(Ok(answer)) => answer,
+        };
+        let result = answer.map_err(|e| self.map_err(e));
+        match &result {
+            // The client's own response timeout, not ours: the connection
+            // may be dead.
+            Err(LeaseError::Timeout { .. }) => self.forget_connection(),
+            Err(LeaseError::Unavailable { .. }) if self.follows_failovers() => {
+                self.forget_connection();
+            }
+            _ => {}
+        }
+        result
     }
 
     /// Runs one script and then `WAIT replicas`, as one pipeline on one

@@ -191,6 +191,7 @@ fn section(cells: &[Cell<'_>], meta: &Meta<'_>) -> String {
             }
         }
     }
+    let _ = writeln!(md, "\n{}", include_str!("profiles.md").trim_end());
     md
 }
 

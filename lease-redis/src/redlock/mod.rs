@@ -44,6 +44,9 @@ pub use config::RedlockConfig;
 struct NodeCalls {
     calls: FuturesUnordered<Pin<Box<dyn Future<Output = ()> + Send>>>,
     tracker: tokio_util::task::TaskTracker,
+    /// The runtime the round started on: the rest is spawned there even
+    /// when the round's future is dropped outside any runtime.
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl NodeCalls {
@@ -51,6 +54,7 @@ impl NodeCalls {
         NodeCalls {
             calls: FuturesUnordered::new(),
             tracker: inner.cleanups.clone(),
+            runtime: tokio::runtime::Handle::try_current().ok(),
         }
     }
 
@@ -80,7 +84,7 @@ impl NodeCalls {
         let mut rest = Box::pin(rest);
         let mut cx = Context::from_waker(Waker::noop());
         if rest.as_mut().poll(&mut cx).is_pending() {
-            spawn_tracked(&self.tracker, rest);
+            self.spawn(rest);
         }
     }
 }
@@ -98,22 +102,19 @@ impl Drop for NodeCalls {
             while let Poll::Ready(Some(())) = calls.poll_next_unpin(&mut cx) {}
         }
         if !calls.is_empty() {
-            spawn_tracked(&self.tracker, async move {
-                while calls.next().await.is_some() {}
-            });
+            self.spawn(async move { while calls.next().await.is_some() {} });
         }
     }
 }
 
-/// Spawns `task` on the current runtime, tracked; outside a runtime (a
-/// round dropped after its runtime ended) the task is dropped, as a spawned
-/// one would have been.
-fn spawn_tracked(
-    tracker: &tokio_util::task::TaskTracker,
-    task: impl Future<Output = ()> + Send + 'static,
-) {
-    if let Ok(handle) = tokio::runtime::Handle::try_current() {
-        tracker.spawn_on(task, &handle);
+impl NodeCalls {
+    /// Spawns `task` on the round's runtime, tracked. A round made outside
+    /// any runtime has nowhere to run it: its calls could not have run
+    /// either.
+    fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        if let Some(handle) = &self.runtime {
+            self.tracker.spawn_on(task, handle);
+        }
     }
 }
 
