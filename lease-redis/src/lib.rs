@@ -135,6 +135,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod address;
 mod keys;
 mod node;
 mod redlock;
