@@ -355,6 +355,13 @@ impl Node {
         call: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> Result<T> {
         let result = lease_api::backend::bounded(what, limit, call, |e| self.map_err(e)).await;
+        self.forget_if_gone(result)
+    }
+
+    /// Drops the connection after a timeout (the bound's or the client's
+    /// own), or, under Sentinel or Cluster, after the server could not be
+    /// reached: the next call dials again.
+    fn forget_if_gone<T>(&self, result: Result<T>) -> Result<T> {
         match &result {
             Err(LeaseError::Timeout { .. }) => self.forget_connection(),
             // A primary that is gone or was demoted (READONLY) is "unavailable":
@@ -496,17 +503,9 @@ impl Node {
             Ok(Err(e)) => return Err(e),
             Ok(Ok(answer)) => answer,
         };
-        let result = answer.map_err(|e| self.map_err(e));
-        match &result {
-            // The client's own response timeout, not ours: the connection
-            // may be dead.
-            Err(LeaseError::Timeout { .. }) => self.forget_connection(),
-            Err(LeaseError::Unavailable { .. }) if self.follows_failovers() => {
-                self.forget_connection();
-            }
-            _ => {}
-        }
-        result
+        // A timeout here is the client's own response timeout, not ours:
+        // the connection may be dead.
+        self.forget_if_gone(answer.map_err(|e| self.map_err(e)))
     }
 
     /// Runs one script and then `WAIT replicas`, as one pipeline on one
