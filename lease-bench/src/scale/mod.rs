@@ -126,7 +126,35 @@ async fn targets_for(store: &Store) -> LeaseResult<Vec<Arc<dyn Target>>> {
     let ttl = provider
         .capabilities()
         .practical_ttl(Duration::from_secs(30));
-    let mut all: Vec<Arc<dyn Target>> = vec![Arc::new(Ours { provider, ttl })];
+    let mut all: Vec<Arc<dyn Target>> = vec![Arc::new(Ours {
+        provider,
+        ttl,
+        bare: false,
+    })];
+    // The same provider without the observability layer (a span and a hook
+    // around every call), where the adapter can be built here directly: the
+    // difference is what that layer costs.
+    let (connect, request) = (Duration::from_secs(2), Duration::from_secs(5));
+    let bare: Option<Arc<dyn leases::LeaseProvider>> = match store {
+        Store::Redis(url) => Some(Arc::new(lease_redis::RedisProvider::new(
+            lease_redis::RedisConfig::new(url)
+                .namespace(&ns)
+                .timeouts(connect, request),
+        )?)),
+        Store::Redlock(urls) => Some(Arc::new(lease_redis::RedlockProvider::new(
+            lease_redis::RedlockConfig::new(urls.clone())
+                .namespace(&ns)
+                .timeouts(connect, request),
+        )?)),
+        _ => None,
+    };
+    if let Some(provider) = bare {
+        all.push(Arc::new(Ours {
+            provider,
+            ttl,
+            bare: true,
+        }));
+    }
     all.extend(targets::others(store).await?);
     Ok(all)
 }

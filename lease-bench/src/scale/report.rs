@@ -7,8 +7,8 @@ use std::path::Path;
 
 use super::{Plan, Row};
 
-const KINDS: [&str; 4] = ["lease", "raw", "protocol", "peer"];
-const COLORS: [&str; 4] = ["#d95f02", "#1b9e77", "#66a61e", "#7570b3"];
+const KINDS: [&str; 5] = ["lease", "bare", "raw", "protocol", "peer"];
+const COLORS: [&str; 5] = ["#d95f02", "#e6ab02", "#1b9e77", "#66a61e", "#7570b3"];
 
 pub(crate) struct Meta<'a> {
     pub(crate) plan: &'a Plan,
@@ -90,7 +90,8 @@ fn section(cells: &[Cell<'_>], meta: &Meta<'_>) -> String {
         md,
         "Written by `scripts/bench-scale` (`lease-bench --scale`) on {}; {}. C tasks in one \
          process share one client and loop for {:.1} s per cell, each on its own key: take the key, \
-         release it. *lease* is our provider (`try_acquire` + `release`), *raw* the store commands \
+         release it. *lease* is our provider (`try_acquire` + `release`), *bare* the same adapter \
+         without the observability layer (where built), *raw* the store commands \
          that give the same guarantees on the same client crate, *protocol* (where it differs) \
          the store work of our own protocol on that raw client, *peer* the peer crate linked in \
          this process. C = {}; {} run(s); a figure is the run with the median ops/s, with the \
@@ -114,15 +115,16 @@ fn section(cells: &[Cell<'_>], meta: &Meta<'_>) -> String {
     let _ = writeln!(md, "### Against the raw floor\n");
     let _ = writeln!(
         md,
-        "| backend | C | lease ops/s | raw ops/s | lease / raw | lease / protocol | peer ops/s | lease p99 / raw p99 (ms) |"
+        "| backend | C | lease ops/s | raw ops/s | lease / raw | lease / protocol | lease / bare | peer ops/s | lease p99 / raw p99 (ms) |"
     );
-    let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---|");
+    let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|---|");
     for b in &backends {
         for &c in &plan.tasks {
-            let (Some(ours), raw, protocol, peer) = (
+            let (Some(ours), raw, protocol, bare, peer) = (
                 find(cells, b, "lease", c),
                 find(cells, b, "raw", c),
                 find(cells, b, "protocol", c),
+                find(cells, b, "bare", c),
                 find(cells, b, "peer", c),
             ) else {
                 continue;
@@ -140,11 +142,12 @@ fn section(cells: &[Cell<'_>], meta: &Meta<'_>) -> String {
             };
             let _ = writeln!(
                 md,
-                "| {b} | {c} | {:.0} | {} | {} | {} | {} | {} |",
+                "| {b} | {c} | {:.0} | {} | {} | {} | {} | {} | {} |",
                 ours.median.ops_per_sec,
                 ops(raw),
                 ratio(raw),
                 ratio(protocol),
+                ratio(bare),
                 ops(peer),
                 raw.map_or(ms(ours.median.p99_ms), |r| format!(
                     "{} / {}",

@@ -34,8 +34,9 @@ impl TaskKey {
 /// One thing to measure.
 #[async_trait]
 pub(crate) trait Target: Send + Sync {
-    /// `lease`, `raw`, `protocol` (our protocol's store work on the raw
-    /// client, where it differs from the raw floor's) or `peer`.
+    /// `lease`, `bare` (ours without the observability layer), `raw`,
+    /// `protocol` (our protocol's store work on the raw client, where it
+    /// differs from the raw floor's) or `peer`.
     fn kind(&self) -> &'static str;
     /// What it runs, for the report.
     fn what(&self) -> &'static str;
@@ -43,19 +44,25 @@ pub(crate) trait Target: Send + Sync {
     async fn cycle(&self, key: &TaskKey) -> Result<bool>;
 }
 
-/// Our provider: `try_acquire`, then `release`.
+/// Our provider: `try_acquire`, then `release`. `bare`: the adapter alone,
+/// without the facade's observability layer.
 pub(crate) struct Ours {
     pub(crate) provider: Arc<dyn LeaseProvider>,
     pub(crate) ttl: Duration,
+    pub(crate) bare: bool,
 }
 
 #[async_trait]
 impl Target for Ours {
     fn kind(&self) -> &'static str {
-        "lease"
+        if self.bare { "bare" } else { "lease" }
     }
     fn what(&self) -> &'static str {
-        "LeaseProvider::try_acquire + release"
+        if self.bare {
+            "LeaseProvider::try_acquire + release on the adapter, without the observability layer (spans, hook)"
+        } else {
+            "LeaseProvider::try_acquire + release"
+        }
     }
     async fn cycle(&self, key: &TaskKey) -> Result<bool> {
         match self.provider.try_acquire(&key.lease, self.ttl).await? {
