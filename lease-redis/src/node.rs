@@ -473,8 +473,8 @@ impl Node {
         let own = self.timeouts.connect + self.timeouts.response;
         let data: usize = keys.iter().chain(args).map(|a| a.len() + 16).sum();
         let mut cmd = redis::Cmd::with_capacity(3 + keys.len() + args.len(), data + 64);
-        cmd.arg("EVALSHA");
-        cmd.arg(script.get_hash())
+        cmd.arg("EVALSHA")
+            .arg(script.get_hash())
             .arg(keys.len())
             .arg(keys)
             .arg(args);
@@ -492,7 +492,7 @@ impl Node {
         };
         if limit >= own {
             let conn = self.connection().await?;
-            return self.bounded_at("a Redis script", own, run(conn)).await;
+            return self.bounded_at(what, own, run(conn)).await;
         }
         let call = async {
             let conn = self.connection().await?;
