@@ -11,7 +11,7 @@ use lease_api::backend::{LeaseHandle, OwnerId};
 use lease_api::{FencingToken, Lease, LeaseError, LeaseKey, Result, TryAcquire};
 use tokio::time::Instant;
 
-use crate::provider::{EtcdProvider, Spare, Unused, source_says_lease_not_found, value};
+use crate::provider::{EtcdProvider, SeenHeld, Spare, Unused, source_says_lease_not_found, value};
 
 impl EtcdProvider {
     /// The acquire transaction: puts `key` attached to the etcd lease of
@@ -109,8 +109,11 @@ impl EtcdProvider {
             None => None,
         };
         self.seen_held().insert(
-            self.etcd_key(key),
-            Instant::now() + remaining.unwrap_or(lease_api::backend::MAX_BLIND_WAIT),
+            k,
+            SeenHeld {
+                until: Instant::now() + remaining.unwrap_or(lease_api::backend::MAX_BLIND_WAIT),
+                revision: resp.header().map_or(0, |h| h.revision()),
+            },
         );
         Ok(TryAcquire::Held { remaining })
     }

@@ -78,6 +78,11 @@
 //! - **Release** is a transaction guarded the same way that deletes the key,
 //!   then (in the background) revokes the etcd lease.
 //! - **Waiting** watches the exact key for its deletion (release or expiry).
+//!   The waiter tries first and watches only a held key: the watch starts at
+//!   the revision after the answer that showed the key held, so etcd replays a
+//!   deletion that came in between (a key never seen held is read once as the
+//!   watch starts). A woken waiter's next step is then its try alone, one
+//!   round trip with the spare, where a new watch before each try took two.
 //! - **Fencing inside etcd**: [`EtcdProvider::txn_if_held`] runs your operations
 //!   in a transaction that only succeeds while the lease is held, and
 //!   [`EtcdProvider::held_compares`] gives the comparisons for your own

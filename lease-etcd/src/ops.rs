@@ -5,9 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::provider::Unused;
-use crate::provider::{EtcdProvider, Fence, lease_id, parse_value, revoke_if_own};
+use crate::provider::{EtcdProvider, Fence, SeenHeld, lease_id, parse_value, revoke_if_own};
 use async_trait::async_trait;
-use etcd_client::{Compare, CompareOp, EventType, PutOptions, Txn, TxnOp, WatchStream};
+use etcd_client::{
+    Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions, WatchStream,
+};
 use lease_api::backend::{KeyWatch, LeaseHandle, SessionStore, WaitQueue};
 use lease_api::{
     Capabilities, FencingToken, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Result,
@@ -183,29 +185,64 @@ impl LeaseProvider for EtcdProvider {
 
     async fn watch(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {
         let k = self.etcd_key(key);
-        // The watch starts at the current revision; once etcd confirmed it,
-        // every later deletion of the key is delivered.
+        // A key this provider saw held is watched from the revision after
+        // the answer that showed it held: etcd replays every deletion since,
+        // so a release between that try and this watch wakes it at once.
+        let seen = self.seen_held().get(&k).map(|s| s.revision);
+        let options = seen.map(|rev| WatchOptions::new().with_start_revision(rev + 1));
+        let watched = k.clone();
         let mut stream = self
-            .call("watch", |mut c| async move { c.watch(k, None).await })
+            .call(
+                "watch",
+                |mut c| async move { c.watch(watched, options).await },
+            )
             .await?;
         self.confirmed(&mut stream).await?;
+        // Otherwise the watch starts now, and one read says whether the key
+        // is still there: once etcd confirmed the watch, every later deletion
+        // is delivered, and an earlier one shows as a missing key.
+        let free = match seen {
+            Some(_) => false,
+            None => {
+                let read = k.clone();
+                let found = self
+                    .call("get", |mut c| async move {
+                        c.get(read, Some(GetOptions::new().with_count_only())).await
+                    })
+                    .await?;
+                found.count() == 0
+            }
+        };
         Ok(Box::new(EtcdWatch {
             stream: Some(stream),
-            key: self.etcd_key(key),
+            free,
+            key: k,
             seen_held: Arc::clone(&self.inner.seen_held),
         }))
+    }
+
+    /// The watch starts at the revision where this provider saw the key
+    /// held (or looks at the key as it starts), so it reports a release
+    /// that came before it: a woken waiter's next step is its try alone.
+    fn watch_reports_state(&self) -> bool {
+        true
     }
 }
 
 struct EtcdWatch {
     stream: Option<WatchStream>,
+    /// The key was found free as the watch started: report it at once.
+    free: bool,
     key: String,
-    seen_held: Arc<std::sync::Mutex<HashMap<String, Instant>>>,
+    seen_held: Arc<std::sync::Mutex<HashMap<String, SeenHeld>>>,
 }
 
 #[async_trait]
 impl KeyWatch for EtcdWatch {
     async fn changed(&mut self, max: Duration) {
+        if std::mem::take(&mut self.free) {
+            return;
+        }
         let Some(stream) = self.stream.as_mut() else {
             tokio::time::sleep(max).await;
             return;

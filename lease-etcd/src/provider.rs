@@ -28,15 +28,28 @@ pub(crate) struct Inner {
     pub(crate) prefix: String,
     pub(crate) caps: Capabilities,
     pub(crate) display: String,
-    /// Keys this provider saw held, until when at least; cleared by a watch
-    /// that sees the key deleted. A try on such a key reads before it grants.
-    pub(crate) seen_held: Arc<std::sync::Mutex<HashMap<String, Instant>>>,
+    /// Keys this provider saw held, until when at least and at which
+    /// revision; cleared by a watch that sees the key deleted. A try on such
+    /// a key reads before it grants, and a watch of it starts at the revision
+    /// after the one it was seen held at.
+    pub(crate) seen_held: Arc<std::sync::Mutex<HashMap<String, SeenHeld>>>,
     /// Spare etcd leases, by etcd key: one granted for a try that found the
     /// key held, kept for the next try on it (see [`Spare`]).
     pub(crate) spares: std::sync::Mutex<HashMap<String, Spare>>,
     /// Test hook: runs between a session's keep-alive and its read of the
     /// keys on it.
     pub(crate) after_keep_alive: std::sync::Mutex<Option<SessionHook>>,
+}
+
+/// What a provider knows of a key it saw held.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SeenHeld {
+    /// Until when the holder's etcd lease lasts at least, as etcd said then
+    /// (or [`MAX_BLIND_WAIT`](lease_api::backend::MAX_BLIND_WAIT) from then).
+    pub(crate) until: Instant,
+    /// The etcd revision of the answer that showed the key held: a watch from
+    /// the next revision is sent every deletion since.
+    pub(crate) revision: i64,
 }
 
 /// An etcd lease granted for a try that found its key held, kept for the next
@@ -214,7 +227,7 @@ impl EtcdProvider {
         }
     }
 
-    pub(crate) fn seen_held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
+    pub(crate) fn seen_held(&self) -> std::sync::MutexGuard<'_, HashMap<String, SeenHeld>> {
         self.inner
             .seen_held
             .lock()
@@ -228,8 +241,8 @@ impl EtcdProvider {
         let now = Instant::now();
         let until = {
             let mut seen = self.seen_held();
-            seen.retain(|_, until| *until > now);
-            seen.get(k).copied()
+            seen.retain(|_, s| s.until > now);
+            seen.get(k).map(|s| s.until)
         };
         let Some(until) = until else { return Ok(None) };
         let key = k.to_owned();
@@ -239,6 +252,10 @@ impl EtcdProvider {
             })
             .await?;
         if resp.count() > 0 {
+            let revision = resp.header().map_or(0, |h| h.revision());
+            if let Some(seen) = self.seen_held().get_mut(k) {
+                seen.revision = seen.revision.max(revision);
+            }
             return Ok(Some(until - now));
         }
         self.seen_held().remove(k);
