@@ -75,8 +75,11 @@
 //!   either, the new etcd lease is never revoked under a key it may carry, and
 //!   the extend reports the lease lost when the new TTL is shorter than what
 //!   the holder believes it still has.
-//! - **Release** is a transaction guarded the same way that deletes the key,
-//!   then (in the background) revokes the etcd lease.
+//! - **Release** is a transaction guarded the same way that deletes the key.
+//!   The etcd lease, now without a key, becomes the key's spare instead of
+//!   being revoked: the next try on the key needs no grant, and no revoke
+//!   queues in etcd beside a woken waiter's transaction. An unused spare runs
+//!   out by its TTL.
 //! - **Waiting** watches the exact key for its deletion (release or expiry).
 //!   The waiter tries first and watches only a held key: the watch starts at
 //!   the revision after the answer that showed the key held, so etcd replays a

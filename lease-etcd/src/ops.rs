@@ -151,7 +151,7 @@ impl LeaseProvider for EtcdProvider {
             .call("release txn", |mut c| async move { c.txn(txn).await })
             .await?;
         if resp.succeeded() {
-            revoke_if_own(self, lease);
+            self.keep_released(self.etcd_key(lease.key()), lease);
             Ok(())
         } else {
             Err(LeaseError::not_held(lease))
