@@ -140,27 +140,6 @@ impl EtcdProvider {
         }
     }
 
-    /// After a release: the lease's own etcd lease, which no longer carries
-    /// the key, becomes the key's spare instead of being revoked. The next
-    /// try on the key (this holder's again, or a waiter's of this provider)
-    /// then needs no grant, and the release sends no revoke that would queue
-    /// in etcd beside a woken waiter's transaction. Its life is counted from
-    /// the lease's last renewal, which etcd's can only exceed. A session's
-    /// etcd lease stays the session's.
-    pub(crate) fn keep_released(&self, k: String, lease: &Lease) {
-        if let LeaseHandle::EtcdLease(id) = lease.handle() {
-            self.keep_spare(
-                k,
-                Spare {
-                    id,
-                    asked: lease.ttl(),
-                    granted: lease.ttl(),
-                    sent_at: lease.sent_at(),
-                },
-            );
-        }
-    }
-
     /// The spare kept for `k`, if it was granted for `asked` and has at
     /// least a quarter of its TTL left, so the keep-alive sent beside the
     /// transaction most likely finds it alive (one that does not costs a

@@ -78,8 +78,13 @@
 //! - **Release** is a transaction guarded the same way that deletes the key.
 //!   The etcd lease, now without a key, becomes the key's spare instead of
 //!   being revoked: the next try on the key needs no grant, and no revoke
-//!   queues in etcd beside a woken waiter's transaction. An unused spare runs
-//!   out by its TTL.
+//!   queues in etcd beside a woken waiter's transaction. Only an etcd lease
+//!   the key was deleted from, and that this provider granted and renewed
+//!   itself, becomes a spare, with the TTL and renewal time the provider
+//!   noted (never those of the `Lease` handed to `release`, which may have
+//!   been rebuilt or be a copy from before an extend); any other is revoked.
+//!   An unused spare runs out by its TTL. Keys you attach to the lease's etcd
+//!   lease yourself are therefore not removed by the release.
 //! - **Waiting** watches the exact key for its deletion (release or expiry).
 //!   The waiter tries first and watches only a held key: the watch starts at
 //!   the revision after the answer that showed the key held, so etcd replays a
@@ -116,6 +121,7 @@
 
 mod acquire;
 mod config;
+mod issued;
 mod ops;
 mod provider;
 mod queue;

@@ -8,7 +8,8 @@ use crate::provider::Unused;
 use crate::provider::{EtcdProvider, Fence, SeenHeld, lease_id, parse_value, revoke_if_own};
 use async_trait::async_trait;
 use etcd_client::{
-    Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions, WatchStream,
+    Compare, CompareOp, DeleteOptions, EventType, GetOptions, PutOptions, Txn, TxnOp,
+    TxnOpResponse, WatchOptions, WatchStream,
 };
 use lease_api::backend::{KeyWatch, LeaseHandle, SessionStore, WaitQueue};
 use lease_api::{
@@ -35,21 +36,29 @@ impl LeaseProvider for EtcdProvider {
                 remaining: Some(remaining),
             });
         }
-        if let Some(spare) = self.take_spare(&k, ttl, Instant::now())
-            && let Some(answer) = self.claim_with_spare(key, &k, spare).await
-        {
-            return answer;
+        let answer = match self.take_spare(&k, ttl, Instant::now()) {
+            Some(spare) => self.claim_with_spare(key, &k, spare).await,
+            None => None,
+        };
+        let answer = match answer {
+            Some(answer) => answer,
+            None => {
+                let sent_at = Instant::now();
+                let (id, granted) = self.grant(ttl).await?;
+                self.claim(
+                    key,
+                    LeaseHandle::EtcdLease(id),
+                    granted,
+                    sent_at,
+                    Unused::Spare(ttl),
+                )
+                .await
+            }
+        };
+        if let Ok(TryAcquire::Acquired(lease)) = &answer {
+            self.record_issued(lease, ttl);
         }
-        let sent_at = Instant::now();
-        let (id, granted) = self.grant(ttl).await?;
-        self.claim(
-            key,
-            LeaseHandle::EtcdLease(id),
-            granted,
-            sent_at,
-            Unused::Spare(ttl),
-        )
-        .await
+        answer
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
@@ -77,7 +86,9 @@ impl LeaseProvider for EtcdProvider {
                 return Err(lost());
             }
             // A keep-alive renews an etcd lease to the TTL it was granted.
-            return Ok(lease.renewed(lease.ttl(), sent_at));
+            let renewed = lease.renewed(lease.ttl(), sent_at);
+            self.record_issued(&renewed, ttl);
+            return Ok(renewed);
         }
         // Another TTL: a new etcd lease, attached while we still hold the key.
         // The move is guarded on the key's mod revision as well, so that a
@@ -109,7 +120,9 @@ impl LeaseProvider for EtcdProvider {
             .await
         {
             Ok(resp) if resp.succeeded() => {
+                self.forget_issued(lease);
                 revoke_if_own(self, lease);
+                self.record_issued(&moved, ttl);
                 Ok(moved)
             }
             Ok(_) => {
@@ -126,7 +139,9 @@ impl LeaseProvider for EtcdProvider {
             }
             Err(e) => match self.fence_move(lease, seen, new_id).await {
                 Fence::Moved => {
+                    self.forget_issued(lease);
                     revoke_if_own(self, lease);
+                    self.record_issued(&moved, ttl);
                     Ok(moved)
                 }
                 Fence::NotMoved => {
@@ -146,12 +161,20 @@ impl LeaseProvider for EtcdProvider {
         let k = self.etcd_key(lease.key());
         let txn = Txn::new()
             .when(self.held_compares(lease))
-            .and_then(vec![TxnOp::delete(k, None)]);
+            .and_then(vec![TxnOp::delete(
+                k.clone(),
+                Some(DeleteOptions::new().with_prev_key()),
+            )]);
         let resp = self
             .call("release txn", |mut c| async move { c.txn(txn).await })
             .await?;
         if resp.succeeded() {
-            self.keep_released(self.etcd_key(lease.key()), lease);
+            // The etcd lease the key was on when it was deleted.
+            let deleted_from = resp.op_responses().into_iter().find_map(|op| match op {
+                TxnOpResponse::Delete(d) => d.prev_kvs().first().map(|kv| kv.lease()),
+                _ => None,
+            });
+            self.after_release(k, lease, deleted_from);
             Ok(())
         } else {
             Err(LeaseError::not_held(lease))

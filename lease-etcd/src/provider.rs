@@ -36,6 +36,9 @@ pub(crate) struct Inner {
     /// Spare etcd leases, by etcd key: one granted for a try that found the
     /// key held, kept for the next try on it (see [`Spare`]).
     pub(crate) spares: std::sync::Mutex<HashMap<String, Spare>>,
+    /// The etcd leases of the leases this provider handed out (see
+    /// [`Issued`](crate::issued::Issued)).
+    pub(crate) issued: std::sync::Mutex<crate::issued::Issued>,
     /// Test hook: runs between a session's keep-alive and its read of the
     /// keys on it.
     pub(crate) after_keep_alive: std::sync::Mutex<Option<SessionHook>>,
@@ -197,6 +200,7 @@ impl EtcdProvider {
                 caps,
                 seen_held: Arc::default(),
                 spares: std::sync::Mutex::default(),
+                issued: std::sync::Mutex::default(),
                 after_keep_alive: std::sync::Mutex::default(),
             }),
         })

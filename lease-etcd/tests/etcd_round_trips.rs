@@ -307,3 +307,47 @@ async fn a_try_after_a_release_reuses_the_released_etcd_lease() {
     );
     p.release(&again).await.unwrap();
 }
+
+/// A release trusts only what the provider itself knows of the etcd lease,
+/// never the `Lease` it is handed: one rebuilt with a longer TTL (as from a
+/// stored identity) leaves a spare that serves a try for that TTL only if
+/// etcd really granted it. The next try for the longer TTL gets a lease no
+/// longer valid than etcd keeps the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_of_a_rebuilt_lease_does_not_lend_its_claims_to_the_spare() {
+    let p = shared("rebuilt");
+    let mut raw = etcd_client::Client::connect([store_url("LEASE_TEST_ETCD_URL")], None)
+        .await
+        .unwrap();
+    let k = LeaseKey::new(unique("rebuilt")).unwrap();
+    let held = p.try_acquire(&k, TTL).await.unwrap().into_lease().unwrap();
+    let rebuilt = Lease::new(
+        k.clone(),
+        held.token(),
+        held.owner(),
+        TTL * 3,
+        tokio::time::Instant::now(),
+    )
+    .with_handle(held.handle());
+    p.release(&rebuilt).await.unwrap();
+    let again = p
+        .try_acquire(&k, TTL * 3)
+        .await
+        .unwrap()
+        .into_lease()
+        .expect("the key was released");
+    let left = raw
+        .lease_time_to_live(etcd_lease_id(&again), None)
+        .await
+        .unwrap()
+        .ttl();
+    let believed = again
+        .valid_until()
+        .into_std()
+        .saturating_duration_since(Instant::now());
+    assert!(
+        Duration::from_secs(u64::try_from(left).unwrap_or(0) + 1) >= believed,
+        "etcd keeps the key {left} s more, the lease says it is valid {believed:?} more"
+    );
+    p.release(&again).await.unwrap();
+}

@@ -1,0 +1,87 @@
+//! The etcd leases this provider put its own leases' keys on, with what etcd
+//! granted and when each was last renewed. A release makes one the key's
+//! spare from these figures only, never from the `Lease` it is handed: a
+//! caller may have rebuilt that with another TTL or time, or kept a copy from
+//! before an extend moved the key to another etcd lease (whose revoke of the
+//! old one may still be on its way).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use lease_api::Lease;
+use lease_api::backend::LeaseHandle;
+use tokio::time::Instant;
+
+use crate::provider::{EtcdProvider, Spare};
+
+/// The register: by etcd lease id. Entries of leases never released (lost,
+/// abandoned) are dropped once their etcd lease has run out, whenever the
+/// register has doubled since it was last pruned.
+#[derive(Debug, Default)]
+pub(crate) struct Issued {
+    by_id: HashMap<i64, Spare>,
+    prune_at: usize,
+}
+
+/// The register is pruned no sooner than at this many entries.
+const PRUNE_FLOOR: usize = 1024;
+
+impl Issued {
+    fn record(&mut self, spare: Spare) {
+        if self.by_id.len() >= self.prune_at.max(PRUNE_FLOOR) {
+            let now = Instant::now();
+            self.by_id.retain(|_, s| s.lives_until() > now);
+            self.prune_at = self.by_id.len() * 2;
+        }
+        self.by_id.insert(spare.id, spare);
+    }
+}
+
+impl EtcdProvider {
+    fn issued(&self) -> std::sync::MutexGuard<'_, Issued> {
+        self.inner
+            .issued
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Notes `lease`, just acquired or renewed for `asked`, if it is on an
+    /// etcd lease of its own (a session's is the session's).
+    pub(crate) fn record_issued(&self, lease: &Lease, asked: Duration) {
+        if let LeaseHandle::EtcdLease(id) = lease.handle() {
+            self.issued().record(Spare {
+                id,
+                asked,
+                granted: lease.ttl(),
+                sent_at: lease.sent_at(),
+            });
+        }
+    }
+
+    /// Forgets the etcd lease of `lease`: an extend moved its key elsewhere
+    /// and revokes it.
+    pub(crate) fn forget_issued(&self, lease: &Lease) {
+        if let LeaseHandle::EtcdLease(id) = lease.handle() {
+            self.issued().by_id.remove(&id);
+        }
+    }
+
+    /// After a release that deleted the key from etcd lease `deleted_from`:
+    /// the lease's own etcd lease, which no longer carries the key, becomes
+    /// the key's spare instead of being revoked. The next try on the key
+    /// (this holder's again, or a woken waiter's of this provider) then needs
+    /// no grant, and the release sends no revoke that would queue in etcd
+    /// beside a woken waiter's transaction. Only an etcd lease this provider
+    /// issued and still counts as the key's, the one the key was deleted
+    /// from, qualifies; any other is revoked, as before.
+    pub(crate) fn after_release(&self, k: String, lease: &Lease, deleted_from: Option<i64>) {
+        let LeaseHandle::EtcdLease(id) = lease.handle() else {
+            return;
+        };
+        let issued = self.issued().by_id.remove(&id);
+        match issued {
+            Some(spare) if deleted_from == Some(id) => self.keep_spare(k, spare),
+            _ => self.revoke_in_background(id),
+        }
+    }
+}
