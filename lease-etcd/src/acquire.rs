@@ -200,7 +200,8 @@ impl EtcdProvider {
             // put after it failed. Start over with a new etcd lease.
             (Ok(TryAcquire::Held { .. }), Ok(false)) => None,
             (Ok(TryAcquire::Acquired(_)), Ok(false)) => None,
-            (Err(e), Ok(false)) if source_says_lease_not_found(&e) => None,
+            // A spare etcd no longer has: whatever the keep-alive said.
+            (Err(e), _) if source_says_lease_not_found(&e) => None,
             (Err(e), Ok(_)) => Some(Err(e)),
             // Whether the keep-alive landed is unknown: the lease keeps the
             // validity of the spare's grant; a held key's spare is dropped.

@@ -45,8 +45,9 @@ impl EtcdProvider {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Notes `lease`, just acquired or renewed for `asked`, if it is on an
-    /// etcd lease of its own (a session's is the session's).
+    /// Notes `lease`, just acquired for `asked` (or moved to a new etcd
+    /// lease granted for it), if it is on an etcd lease of its own (a
+    /// session's is the session's). Its TTL is what etcd granted.
     pub(crate) fn record_issued(&self, lease: &Lease, asked: Duration) {
         if let LeaseHandle::EtcdLease(id) = lease.handle() {
             self.issued().record(Spare {
@@ -55,6 +56,19 @@ impl EtcdProvider {
                 granted: lease.ttl(),
                 sent_at: lease.sent_at(),
             });
+        }
+    }
+
+    /// After a keep-alive of `lease`'s etcd lease sent at `renewed.sent_at()`:
+    /// the noted renewal moves up to it. Only the time is taken, and only for
+    /// an etcd lease already noted: what etcd granted stays what the register
+    /// says (a rebuilt `Lease` may claim another TTL, and a keep-alive renews
+    /// to the TTL etcd granted).
+    pub(crate) fn refresh_issued(&self, renewed: &Lease) {
+        if let LeaseHandle::EtcdLease(id) = renewed.handle()
+            && let Some(noted) = self.issued().by_id.get_mut(&id)
+        {
+            noted.sent_at = noted.sent_at.max(renewed.sent_at());
         }
     }
 

@@ -87,7 +87,7 @@ impl LeaseProvider for EtcdProvider {
             }
             // A keep-alive renews an etcd lease to the TTL it was granted.
             let renewed = lease.renewed(lease.ttl(), sent_at);
-            self.record_issued(&renewed, ttl);
+            self.refresh_issued(&renewed);
             return Ok(renewed);
         }
         // Another TTL: a new etcd lease, attached while we still hold the key.

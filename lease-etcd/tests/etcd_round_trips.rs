@@ -310,8 +310,8 @@ async fn a_try_after_a_release_reuses_the_released_etcd_lease() {
 
 /// A release trusts only what the provider itself knows of the etcd lease,
 /// never the `Lease` it is handed: one rebuilt with a longer TTL (as from a
-/// stored identity) leaves a spare that serves a try for that TTL only if
-/// etcd really granted it. The next try for the longer TTL gets a lease no
+/// stored identity), extended and released, leaves a spare that serves a try
+/// for that TTL only if etcd really granted it. The next try for the longer TTL gets a lease no
 /// longer valid than etcd keeps the key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_of_a_rebuilt_lease_does_not_lend_its_claims_to_the_spare() {
@@ -329,6 +329,9 @@ async fn a_release_of_a_rebuilt_lease_does_not_lend_its_claims_to_the_spare() {
         tokio::time::Instant::now(),
     )
     .with_handle(held.handle());
+    // A same-TTL extend (for the rebuilt lease's TTL) is a keep-alive,
+    // which renews to what etcd granted; then the release.
+    let rebuilt = p.extend(&rebuilt, TTL * 3).await.unwrap();
     p.release(&rebuilt).await.unwrap();
     let again = p
         .try_acquire(&k, TTL * 3)
