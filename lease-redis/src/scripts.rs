@@ -15,12 +15,11 @@ use redis::Script;
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-if redis.call('EXISTS', KEYS[3]) == 1 then
-  return {0, -3, ''}
-end
-local pttl = redis.call('PTTL', KEYS[1])
-if pttl ~= -2 then
-  return {0, pttl, redis.call('GET', KEYS[1]) or ''}
+if redis.call('EXISTS', KEYS[1], KEYS[3]) ~= 0 then
+  if redis.call('EXISTS', KEYS[3]) == 1 then
+    return {0, -3, ''}
+  end
+  return {0, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[1]) or ''}
 end
 local token = redis.call('INCR', KEYS[2])
 redis.call('SET', KEYS[1], ARGV[1] .. ':' .. token .. ':' .. ARGV[3], 'PX', ARGV[2])
@@ -47,7 +46,7 @@ pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| {
         r"
 local v = redis.call('GET', KEYS[1])
 local p = ARGV[1]
-if v and (v == p or string.sub(v, 1, #p + 1) == p .. ':') then
+if v and string.find(v, p, 1, true) == 1 and (#v == #p or string.byte(v, #p + 1) == 58) then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 end
@@ -66,7 +65,7 @@ local out = {}
 for i, k in ipairs(KEYS) do
   local v = redis.call('GET', k)
   local p = ARGV[2 * i - 1]
-  if v and (v == p or string.sub(v, 1, #p + 1) == p .. ':') then
+  if v and string.find(v, p, 1, true) == 1 and (#v == #p or string.byte(v, #p + 1) == 58) then
     redis.call('PEXPIRE', k, ARGV[2 * i])
     out[i] = 1
   else
@@ -92,7 +91,7 @@ pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
         r"
 local v = redis.call('GET', KEYS[1])
 local p = ARGV[1]
-if v and (v == p or string.sub(v, 1, #p + 1) == p .. ':') then
+if v and string.find(v, p, 1, true) == 1 and (#v == #p or string.byte(v, #p + 1) == 58) then
   redis.call('DEL', KEYS[1])
   if ARGV[2] ~= '' then
     pcall(redis.call, 'PUBLISH', ARGV[2], ARGV[3])

@@ -82,7 +82,14 @@ pub(super) async fn forged_owner_touches_nothing(ctx: Ctx) -> CaseResult {
     let p = ctx.provider().await?;
     let key = ctx.key("forged-owner")?;
     let ttl = long_ttl(&*p);
-    let l = must_acquire(&*p, &key, ttl).await?;
+    let mut l = must_acquire(&*p, &key, ttl).await?;
+    // A token of two digits or more, so that one with its leading digits
+    // (a prefix of the stored owner-and-token, short of the separator) can
+    // be forged too.
+    while l.token().get() < 10 {
+        p.release(&l).await?;
+        l = must_acquire(&*p, &key, ttl).await?;
+    }
     let rebuilt_with = |owner: lease_api::backend::OwnerId, token: lease_api::FencingToken| {
         lease_api::Lease::new(key.clone(), token, owner, ttl, Instant::now())
             .with_handle(l.handle())
@@ -90,7 +97,9 @@ pub(super) async fn forged_owner_touches_nothing(ctx: Ctx) -> CaseResult {
     };
     let rebuilt = |owner: lease_api::backend::OwnerId| rebuilt_with(owner, l.token());
     // Another owner with the holder's token, and the holder's owner with
-    // another token: every mutating step compares both (C5).
+    // another token, or with one whose digits start the holder's token (a
+    // store that compares a prefix must stop at the separator): every
+    // mutating step compares both (C5).
     let wrong_token = lease_api::FencingToken(l.token().get().wrapping_add(1));
     for (what, forged) in [
         (
@@ -98,6 +107,10 @@ pub(super) async fn forged_owner_touches_nothing(ctx: Ctx) -> CaseResult {
             rebuilt(lease_api::backend::OwnerId::random()),
         ),
         ("another token", rebuilt_with(l.owner(), wrong_token)),
+        (
+            "a token that is a prefix of the holder's",
+            rebuilt_with(l.owner(), lease_api::FencingToken(l.token().get() / 10)),
+        ),
     ] {
         match p.extend(&forged, ttl).await {
             Err(LeaseError::Lost { .. }) => {}
