@@ -145,4 +145,22 @@ mod single;
 mod time;
 
 pub use redlock::{RedlockConfig, RedlockProvider};
+
+/// The Lua scripts of one acquire and one release, for `lease-bench`'s
+/// *protocol* floor: this crate's store work run on a raw client, to tell
+/// the cost of the protocol from the cost of the client. Not a stable API.
+#[doc(hidden)]
+pub mod protocol {
+    /// KEYS: lease, fence, cancel tombstone. ARGV: owner hex, TTL in
+    /// milliseconds, holder label. Returns `{won, token or PTTL, holder}`.
+    pub fn acquire() -> &'static redis::Script {
+        &crate::scripts::ACQUIRE
+    }
+
+    /// KEYS: lease. ARGV: `<owner hex>:<token>`, release channel, key.
+    /// Returns 1 when released.
+    pub fn release() -> &'static redis::Script {
+        &crate::scripts::RELEASE
+    }
+}
 pub use single::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT, RedisConfig, RedisProvider};

@@ -121,6 +121,65 @@ impl Target for RedisFloor {
     }
 }
 
+/// Redis, one node or every Redlock node in parallel: our provider's own
+/// acquire and release scripts (the cancel tombstone, the token in the
+/// value, the owner-and-token compare, the release announcement) on the
+/// floor's connections, waiting for every node with no timer. Against the
+/// raw floor it measures what our protocol costs the server; against ours,
+/// what our client adds (for Redlock: closing each round at a majority and
+/// bounding every node's call).
+struct RedisProtocol {
+    conns: Vec<redis::aio::ConnectionManager>,
+    what: &'static str,
+}
+
+#[async_trait]
+impl Target for RedisProtocol {
+    fn kind(&self) -> &'static str {
+        "protocol"
+    }
+    fn what(&self) -> &'static str {
+        self.what
+    }
+    async fn cycle(&self, key: &TaskKey) -> Result<bool> {
+        let owner = uuid::Uuid::new_v4().simple().to_string();
+        let (lease, fence) = (format!("{{{}}}", key.text), format!("{{{}}}:f", key.text));
+        let cancel = format!("{lease}:c:{owner}");
+        let acquire = self.conns.iter().map(|c| {
+            let mut c = c.clone();
+            let mut call = lease_redis::protocol::acquire().key(&lease);
+            call.key(&fence)
+                .key(&cancel)
+                .arg(&owner)
+                .arg(TTL_MS)
+                .arg("bench@host:1");
+            async move { call.invoke_async::<(i64, i64, String)>(&mut c).await }
+        });
+        let mut tokens = Vec::with_capacity(self.conns.len());
+        for r in futures_util::future::join_all(acquire).await {
+            let (won, token, _) = r.map_err(err)?;
+            tokens.push((won == 1).then_some(token));
+        }
+        // Whatever was won is given back, all of it or not.
+        let all = tokens.iter().all(Option::is_some);
+        let won = self.conns.iter().zip(tokens);
+        let release = won
+            .filter_map(|(c, t)| t.map(|t| (c, t)))
+            .map(|(c, token)| {
+                let mut c = c.clone();
+                let mut call = lease_redis::protocol::release().key(&lease);
+                call.arg(format!("{owner}:{token}"))
+                    .arg("lease-bench:released")
+                    .arg(&key.text);
+                async move { call.invoke_async::<i64>(&mut c).await }
+            });
+        for r in futures_util::future::join_all(release).await {
+            r.map_err(err)?;
+        }
+        Ok(all)
+    }
+}
+
 async fn redis_floor(urls: &[String], what: &'static str) -> Result<RedisFloor> {
     Ok(RedisFloor {
         conns: redis_conns(urls).await?,
@@ -439,6 +498,10 @@ pub(crate) async fn others(store: &Store) -> Result<Vec<Arc<dyn Target>>> {
                 )
                 .await?,
             ));
+            out.push(Arc::new(RedisProtocol {
+                conns: redis_conns(urls).await?,
+                what: "our acquire and release scripts, one multiplexed connection",
+            }));
             #[cfg(feature = "peers")]
             out.push(rslock_peer(urls));
         }
@@ -450,6 +513,10 @@ pub(crate) async fn others(store: &Store) -> Result<Vec<Arc<dyn Target>>> {
                 )
                 .await?,
             ));
+            out.push(Arc::new(RedisProtocol {
+                conns: redis_conns(urls).await?,
+                what: "our acquire and release scripts on every node in parallel, waiting for all, no timer",
+            }));
             #[cfg(feature = "peers")]
             out.push(rslock_peer(urls));
         }
