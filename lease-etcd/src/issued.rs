@@ -5,37 +5,12 @@
 //! before an extend moved the key to another etcd lease (whose revoke of the
 //! old one may still be on its way).
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use lease_api::Lease;
 use lease_api::backend::LeaseHandle;
-use tokio::time::Instant;
 
-use crate::provider::{EtcdProvider, Spare};
-
-/// The register: by etcd lease id. Entries of leases never released (lost,
-/// abandoned) are dropped once their etcd lease has run out, whenever the
-/// register has doubled since it was last pruned.
-#[derive(Debug, Default)]
-pub(crate) struct Issued {
-    by_id: HashMap<i64, Spare>,
-    prune_at: usize,
-}
-
-/// The register is pruned no sooner than at this many entries.
-const PRUNE_FLOOR: usize = 1024;
-
-impl Issued {
-    fn record(&mut self, spare: Spare) {
-        if self.by_id.len() >= self.prune_at.max(PRUNE_FLOOR) {
-            let now = Instant::now();
-            self.by_id.retain(|_, s| s.lives_until() > now);
-            self.prune_at = self.by_id.len() * 2;
-        }
-        self.by_id.insert(spare.id, spare);
-    }
-}
+use crate::provider::{EtcdProvider, Issued, Spare};
 
 impl EtcdProvider {
     fn issued(&self) -> std::sync::MutexGuard<'_, Issued> {

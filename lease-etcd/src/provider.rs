@@ -37,11 +37,35 @@ pub(crate) struct Inner {
     /// key held, kept for the next try on it (see [`Spare`]).
     pub(crate) spares: std::sync::Mutex<HashMap<String, Spare>>,
     /// The etcd leases of the leases this provider handed out (see
-    /// [`Issued`](crate::issued::Issued)).
-    pub(crate) issued: std::sync::Mutex<crate::issued::Issued>,
+    /// [`Issued`]).
+    pub(crate) issued: std::sync::Mutex<Issued>,
     /// Test hook: runs between a session's keep-alive and its read of the
     /// keys on it.
     pub(crate) after_keep_alive: std::sync::Mutex<Option<SessionHook>>,
+}
+
+/// The etcd leases this provider put its own leases' keys on, by id, with
+/// what etcd granted and when each was last renewed (see `issued.rs`). Entries of leases never released (lost,
+/// abandoned) are dropped once their etcd lease has run out, whenever the
+/// register has doubled since it was last pruned.
+#[derive(Debug, Default)]
+pub(crate) struct Issued {
+    pub(crate) by_id: HashMap<i64, Spare>,
+    prune_at: usize,
+}
+
+/// The register is pruned no sooner than at this many entries.
+const PRUNE_FLOOR: usize = 1024;
+
+impl Issued {
+    pub(crate) fn record(&mut self, spare: Spare) {
+        if self.by_id.len() >= self.prune_at.max(PRUNE_FLOOR) {
+            let now = Instant::now();
+            self.by_id.retain(|_, s| s.lives_until() > now);
+            self.prune_at = self.by_id.len() * 2;
+        }
+        self.by_id.insert(spare.id, spare);
+    }
 }
 
 /// What a provider knows of a key it saw held.
