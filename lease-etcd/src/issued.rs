@@ -7,8 +7,8 @@
 
 use std::time::Duration;
 
-use lease_api::Lease;
 use lease_api::backend::LeaseHandle;
+use lease_api::{Lease, Result};
 
 use crate::provider::{EtcdProvider, Issued, Spare};
 
@@ -45,6 +45,26 @@ impl EtcdProvider {
         {
             noted.sent_at = noted.sent_at.max(renewed.sent_at());
         }
+    }
+
+    /// The TTL etcd granted etcd lease `id`, which a keep-alive renews it
+    /// to: from the register for a lease this provider handed out, else
+    /// asked of etcd (a `Lease` rebuilt from its parts, as the CLI does, may
+    /// claim any TTL). `None` when etcd no longer has the etcd lease.
+    pub(crate) async fn granted_ttl(&self, id: i64) -> Result<Option<Duration>> {
+        let noted = self.issued().by_id.get(&id).map(|s| s.granted);
+        if noted.is_some() {
+            return Ok(noted);
+        }
+        let resp = self
+            .call("lease time-to-live", |mut c| async move {
+                c.lease_time_to_live(id, None).await
+            })
+            .await?;
+        Ok(u64::try_from(resp.granted_ttl())
+            .ok()
+            .filter(|s| *s > 0 && resp.ttl() > 0)
+            .map(Duration::from_secs))
     }
 
     /// Forgets the etcd lease of `lease`: an extend moved its key elsewhere

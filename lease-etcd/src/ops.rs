@@ -81,12 +81,13 @@ impl LeaseProvider for EtcdProvider {
             // The key must also still be on this etcd lease: an extend to
             // another TTL whose answer was lost may have moved it to an etcd
             // lease nobody keeps alive, which runs out whatever we renew here.
-            let ours = self.key_is_on(lease, id).await?;
-            if !ours {
+            // A keep-alive renews an etcd lease to the TTL etcd granted it,
+            // which is not always the one the `Lease` says.
+            let (ours, granted) = tokio::join!(self.key_is_on(lease, id), self.granted_ttl(id));
+            let (true, Some(granted)) = (ours?, granted?) else {
                 return Err(lost());
-            }
-            // A keep-alive renews an etcd lease to the TTL it was granted.
-            let renewed = lease.renewed(lease.ttl(), sent_at);
+            };
+            let renewed = lease.renewed(granted, sent_at);
             self.refresh_issued(&renewed);
             return Ok(renewed);
         }

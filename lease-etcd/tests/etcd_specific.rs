@@ -580,3 +580,47 @@ async fn an_extend_to_another_ttl_whose_request_was_lost_is_fenced_off() {
         .await
         .expect("the old etcd lease still carries the key");
 }
+
+/// A lease rebuilt from its parts in another process (as `lease extend`
+/// does) with a TTL etcd never granted: the extend is a keep-alive, which
+/// renews the etcd lease to what etcd granted, and the lease it returns says
+/// that, not the rebuilt TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extend_of_a_rebuilt_lease_reports_what_etcd_granted() {
+    let holder = shared("rebuilt-extend");
+    let elsewhere = shared("rebuilt-extend");
+    let mut raw = etcd_client::Client::connect([store_url("LEASE_TEST_ETCD_URL")], None)
+        .await
+        .unwrap();
+    let k = LeaseKey::new(unique("rebuilt-extend")).unwrap();
+    let held = holder
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    let rebuilt = lease_api::Lease::new(
+        k.clone(),
+        held.token(),
+        held.owner(),
+        TTL * 3,
+        tokio::time::Instant::now(),
+    )
+    .with_handle(held.handle());
+    let extended = elsewhere.extend(&rebuilt, TTL * 3).await.unwrap();
+    let id = match extended.handle() {
+        lease_api::backend::LeaseHandle::EtcdLease(id) => id,
+        other => panic!("not an etcd lease: {other}"),
+    };
+    let left = raw.lease_time_to_live(id, None).await.unwrap().ttl();
+    let believed = extended
+        .valid_until()
+        .into_std()
+        .saturating_duration_since(Instant::now());
+    assert!(
+        Duration::from_secs(u64::try_from(left).unwrap_or(0) + 1) >= believed,
+        "etcd keeps the key {left} s more, the extended lease says it is valid {believed:?} more"
+    );
+    assert_eq!(extended.ttl(), TTL, "the TTL etcd granted");
+    holder.release(&held).await.unwrap();
+}
