@@ -68,6 +68,9 @@
 //!   still ours and still on that etcd lease; with another TTL, a new etcd
 //!   lease is granted and attached by a transaction guarded on the key's create
 //!   revision and owner (the put keeps the value), then the old one is revoked.
+//!   An extend dropped while that move is in flight is settled in the
+//!   background: the move is fenced off, and if it landed, the key goes back
+//!   to the etcd lease the caller's `Lease` still names.
 //!   The move is also guarded on the key's mod revision (read first: one more
 //!   round trip, only when the TTL changes). When its answer is lost, a no-op
 //!   put guarded on that revision fences it off, or finds that it landed; so a
@@ -122,6 +125,7 @@
 mod acquire;
 mod config;
 mod issued;
+mod moves;
 mod ops;
 mod provider;
 mod queue;

@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::moves::MoveInFlight;
 use crate::provider::Unused;
 use crate::provider::{EtcdProvider, Fence, SeenHeld, lease_id, parse_value, revoke_if_own};
 use async_trait::async_trait;
@@ -99,6 +100,9 @@ impl LeaseProvider for EtcdProvider {
             return Err(lost());
         };
         let (new_id, granted) = self.grant(ttl).await?;
+        // From here until the extend answers, a drop leaves the move to be
+        // settled in the background (see `moves.rs`).
+        let in_flight = MoveInFlight::arm(self, lease, seen, new_id);
         let mut compares = self.held_compares(lease);
         compares.push(Compare::mod_revision(
             self.etcd_key(lease.key()),
@@ -116,10 +120,18 @@ impl LeaseProvider for EtcdProvider {
         let moved = lease
             .renewed(granted, sent_at)
             .with_handle(LeaseHandle::EtcdLease(new_id));
-        match self
+        let answer = self
             .call("extend txn", |mut c| async move { c.txn(txn).await })
-            .await
-        {
+            .await;
+        // Every outcome below is settled before its next await (the fence
+        // settles an unknown one itself), and none revokes the old etcd
+        // lease before the caller can be told.
+        let answer = match answer {
+            Err(e) => Err((e, self.fence_move(lease, seen, new_id).await)),
+            Ok(resp) => Ok(resp),
+        };
+        in_flight.defuse();
+        match answer {
             Ok(resp) if resp.succeeded() => {
                 self.forget_issued(lease);
                 revoke_if_own(self, lease);
@@ -138,7 +150,7 @@ impl LeaseProvider for EtcdProvider {
                     _ => Err(lost()),
                 }
             }
-            Err(e) => match self.fence_move(lease, seen, new_id).await {
+            Err((e, fence)) => match fence {
                 Fence::Moved => {
                     self.forget_issued(lease);
                     revoke_if_own(self, lease);

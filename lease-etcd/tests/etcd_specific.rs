@@ -624,3 +624,83 @@ async fn an_extend_of_a_rebuilt_lease_reports_what_etcd_granted() {
     assert_eq!(extended.ttl(), TTL, "the TTL etcd granted");
     holder.release(&held).await.unwrap();
 }
+
+/// An extend to another TTL dropped while its move is in flight: the move
+/// lands unseen, and the key goes back to the etcd lease the holder's `Lease`
+/// names, which the holder still renews (without it, the key would sit on
+/// the new, shorter etcd lease while the holder believes the old validity).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extend_dropped_during_its_move_puts_the_key_back() {
+    const DELAY: Duration = Duration::from_millis(600);
+    let server = owned_etcd();
+    let proxy = lease_testkit::Proxy::start(server.port()).await;
+    let p = EtcdProvider::new(
+        EtcdConfig::new([format!("http://127.0.0.1:{}", proxy.port())])
+            .timeouts(DELAY * 4, DELAY * 4),
+    )
+    .unwrap();
+    let mut raw =
+        etcd_client::Client::connect([format!("http://127.0.0.1:{}", server.port())], None)
+            .await
+            .unwrap();
+    let k = LeaseKey::new(unique("dropped-move")).unwrap();
+    let lease = p
+        .try_acquire(&k, TTL * 2)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    let old_id = match lease.handle() {
+        lease_api::backend::LeaseHandle::EtcdLease(id) => id,
+        other => panic!("not an etcd lease: {other}"),
+    };
+    let etcd_key = raw
+        .get("lease/", Some(etcd_client::GetOptions::new().with_prefix()))
+        .await
+        .unwrap()
+        .kvs()
+        .iter()
+        .find(|kv| kv.lease() == old_id)
+        .map(|kv| kv.key().to_vec())
+        .expect("the key on the holder's etcd lease");
+    let mut events = raw.watch(etcd_key.clone(), None).await.unwrap();
+    proxy.delay_requests(DELAY);
+    let mut extend = Box::pin(p.extend(&lease, TTL));
+    // The grant has landed once etcd lists a second etcd lease; the move is
+    // sent right after it and reaches etcd one delay later: drop it halfway.
+    let dropped = tokio::select! {
+        answer = &mut extend => panic!("the extend answered before the drop: {answer:?}"),
+        () = async {
+            while raw.leases().await.unwrap().leases().len() < 2 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            tokio::time::sleep(DELAY / 2).await;
+        } => true,
+    };
+    assert!(dropped);
+    drop(extend);
+    // The key moves to the new etcd lease, then back to the holder's.
+    let mut leases_seen = Vec::new();
+    while leases_seen.last() != Some(&old_id) || leases_seen.len() < 2 {
+        let msg = tokio::time::timeout(TTL, events.message())
+            .await
+            .expect("the key did not go back to the holder's etcd lease")
+            .unwrap()
+            .unwrap();
+        for e in msg.events() {
+            if let Some(kv) = e.kv() {
+                leases_seen.push(kv.lease());
+            }
+        }
+    }
+    assert!(
+        leases_seen.iter().any(|id| *id != old_id),
+        "the move never landed, the case did not happen: {leases_seen:?}"
+    );
+    proxy.delay_requests(Duration::ZERO);
+    let renewed = p
+        .extend(&lease, lease.ttl())
+        .await
+        .expect("the holder still renews its key");
+    p.release(&renewed).await.unwrap();
+}
