@@ -67,6 +67,12 @@ impl EtcdProvider {
             .map(Duration::from_secs))
     }
 
+    /// Whether etcd lease `id` is noted as the etcd lease of a lease this
+    /// provider handed out (and no answered move has left it).
+    pub(crate) fn is_issued(&self, id: i64) -> bool {
+        self.issued().by_id.contains_key(&id)
+    }
+
     /// Forgets the etcd lease of `lease`: an extend moved its key elsewhere
     /// and revokes it.
     pub(crate) fn forget_issued(&self, lease: &Lease) {

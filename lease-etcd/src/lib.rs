@@ -69,8 +69,11 @@
 //!   lease is granted and attached by a transaction guarded on the key's create
 //!   revision and owner (the put keeps the value), then the old one is revoked.
 //!   An extend dropped while that move is in flight is settled in the
-//!   background: the move is fenced off, and if it landed, the key goes back
-//!   to the etcd lease the caller's `Lease` still names.
+//!   background, retried until the caller's validity ends: the move is fenced
+//!   off, and if it landed, the key goes back to the etcd lease the caller's
+//!   `Lease` still names. etcd unreachable for that whole time leaves it
+//!   unsettled (a warning says so), and a move to a shorter TTL can then end
+//!   the key before the caller's validity.
 //!   The move is also guarded on the key's mod revision (read first: one more
 //!   round trip, only when the TTL changes). When its answer is lost, a no-op
 //!   put guarded on that revision fences it off, or finds that it landed; so a

@@ -38,6 +38,23 @@ async fn delayed(delay: Duration) -> (lease_testkit::Proxy, EtcdProvider) {
     (proxy, p)
 }
 
+/// etcd keeps `lease`'s key at least as long as the lease says it is valid.
+async fn etcd_keeps_it(raw: &mut etcd_client::Client, lease: &Lease) {
+    let left = raw
+        .lease_time_to_live(etcd_lease_id(lease), None)
+        .await
+        .unwrap()
+        .ttl();
+    let believed = lease
+        .valid_until()
+        .into_std()
+        .saturating_duration_since(Instant::now());
+    assert!(
+        Duration::from_secs(u64::try_from(left).unwrap_or(0) + 1) >= believed,
+        "etcd keeps the key {left} s more, the lease says it is valid {believed:?} more"
+    );
+}
+
 fn etcd_lease_id(lease: &lease_api::Lease) -> i64 {
     match lease.handle() {
         lease_api::backend::LeaseHandle::EtcdLease(id) => id,
@@ -86,19 +103,7 @@ async fn a_woken_waiter_takes_the_key_in_one_round_trip() {
         took < DELAY * 3 / 2,
         "the woken try took {took:?}, more than one round trip of {DELAY:?}"
     );
-    let left = raw
-        .lease_time_to_live(etcd_lease_id(&got), None)
-        .await
-        .unwrap()
-        .ttl();
-    let believed = got
-        .valid_until()
-        .into_std()
-        .saturating_duration_since(Instant::now());
-    assert!(
-        Duration::from_secs(u64::try_from(left).unwrap_or(0) + 1) >= believed,
-        "etcd keeps the key {left} s more, the lease says it is valid {believed:?} more"
-    );
+    etcd_keeps_it(&mut raw, &got).await;
     waiter.release(&got).await.unwrap();
 }
 
@@ -292,19 +297,7 @@ async fn a_try_after_a_release_reuses_the_released_etcd_lease() {
         "the released etcd lease carries the key again"
     );
     assert!(again.token() > first.token());
-    let left = raw
-        .lease_time_to_live(etcd_lease_id(&again), None)
-        .await
-        .unwrap()
-        .ttl();
-    let believed = again
-        .valid_until()
-        .into_std()
-        .saturating_duration_since(Instant::now());
-    assert!(
-        Duration::from_secs(u64::try_from(left).unwrap_or(0) + 1) >= believed,
-        "etcd keeps the key {left} s more, the lease says it is valid {believed:?} more"
-    );
+    etcd_keeps_it(&mut raw, &again).await;
     p.release(&again).await.unwrap();
 }
 
@@ -339,18 +332,6 @@ async fn a_release_of_a_rebuilt_lease_does_not_lend_its_claims_to_the_spare() {
         .unwrap()
         .into_lease()
         .expect("the key was released");
-    let left = raw
-        .lease_time_to_live(etcd_lease_id(&again), None)
-        .await
-        .unwrap()
-        .ttl();
-    let believed = again
-        .valid_until()
-        .into_std()
-        .saturating_duration_since(Instant::now());
-    assert!(
-        Duration::from_secs(u64::try_from(left).unwrap_or(0) + 1) >= believed,
-        "etcd keeps the key {left} s more, the lease says it is valid {believed:?} more"
-    );
+    etcd_keeps_it(&mut raw, &again).await;
     p.release(&again).await.unwrap();
 }
