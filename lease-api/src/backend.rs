@@ -141,12 +141,12 @@
 //! hand-written `impl LeaseProvider` that forwards some methods and leaves
 //! the others to their defaults.
 
-pub use crate::caps::{DEFAULT_MAX_TTL, ProbedCapabilities};
+pub use crate::caps::{DEFAULT_MAX_KEYS, DEFAULT_MAX_TTL, MultiKey, ProbedCapabilities};
 pub use crate::error::BoxError;
 pub use crate::holder::{MAX_HOLDER_BYTES, validate_holder};
 pub use crate::hook::{Answer, Hook, Op, Outcome};
 pub use crate::hub::WatchHub;
-pub use crate::key::{MAX_KEY_BYTES, validate_namespace, validate_purge_prefix};
+pub use crate::key::{MAX_KEY_BYTES, validate_key_set, validate_namespace, validate_purge_prefix};
 pub use crate::layered::Layered;
 pub use crate::lease::{LeaseHandle, OwnerId, drift_margin};
 pub use crate::memory::DEFAULT_NAMESPACE;

@@ -142,6 +142,49 @@ pub struct Capabilities {
     /// talks to one server, where a failover is a restart
     /// ([`durable_tokens`](Self::durable_tokens) covers it).
     pub failover: Option<Failover>,
+    /// How [`try_acquire_all`](crate::LeaseProvider::try_acquire_all) takes a
+    /// set of keys (C18): in one atomic store step, or one key after another
+    /// in key order with the taken ones given back on a miss; and how many
+    /// keys one set may have.
+    pub multi_key: MultiKey,
+}
+
+/// How a provider takes a set of keys at once (C18).
+///
+/// Either way the caller gets every key or none, and no two callers can
+/// deadlock. The difference is what others see meanwhile: an atomic set is
+/// never seen half held, while a set taken key by key holds its first keys
+/// for a moment before it finds a later one held and gives them back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MultiKey {
+    /// Whether the whole set is decided in one atomic store step.
+    pub atomic: bool,
+    /// The most keys one set may have: a larger set is refused with
+    /// [`LeaseError::Config`] and changes nothing.
+    pub max_keys: usize,
+}
+
+/// The most keys in one set, unless a provider declares fewer.
+pub const DEFAULT_MAX_KEYS: usize = 64;
+
+impl MultiKey {
+    /// One key after another in key order, given back on a miss: what
+    /// every provider can do over single-key acquires.
+    pub fn in_key_order() -> Self {
+        MultiKey {
+            atomic: false,
+            max_keys: DEFAULT_MAX_KEYS,
+        }
+    }
+
+    /// The whole set in one atomic store step, up to `max_keys` keys.
+    pub fn atomic(max_keys: usize) -> Self {
+        MultiKey {
+            atomic: true,
+            max_keys,
+        }
+    }
 }
 
 /// What survives a failover of a replicated store (see
@@ -236,6 +279,7 @@ impl Capabilities {
             fair_waiting: false,
             failover_extension: None,
             failover: None,
+            multi_key: MultiKey::in_key_order(),
         }
     }
 
@@ -282,6 +326,13 @@ impl Capabilities {
     /// [`failover_extension`](Self::failover_extension)).
     pub fn with_failover_extension(mut self, extension: Option<FailoverExtension>) -> Self {
         self.failover_extension = extension;
+        self
+    }
+
+    /// Declares how a set of keys is taken at once (see
+    /// [`multi_key`](Self::multi_key)).
+    pub fn with_multi_key(mut self, multi_key: MultiKey) -> Self {
+        self.multi_key = multi_key;
         self
     }
 
@@ -372,6 +423,7 @@ mod tests {
             fair_waiting: false,
             failover_extension: None,
             failover: None,
+            multi_key: MultiKey::in_key_order(),
         }
     }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tracing::Span;
 
 use crate::queue::{Place, Ticket};
-use crate::{Lease, LeaseError, LeaseInfo, LeaseKey, Result, TryAcquire};
+use crate::{Lease, LeaseError, LeaseInfo, LeaseKey, Result, TryAcquire, TryAcquireAll};
 
 /// One store operation on its way through a [`Layered`](crate::backend::Layered) provider, as its
 /// [`Hook`] sees it: which method, with its arguments.
@@ -26,6 +26,13 @@ pub enum Op<'a> {
     TryAcquire {
         /// The key to take.
         key: &'a LeaseKey,
+        /// The TTL asked for.
+        ttl: Duration,
+    },
+    /// [`LeaseProvider::try_acquire_all`](crate::LeaseProvider::try_acquire_all).
+    TryAcquireAll {
+        /// The keys to take, all or none.
+        keys: &'a [LeaseKey],
         /// The TTL asked for.
         ttl: Duration,
     },
@@ -129,6 +136,7 @@ impl Op<'_> {
     pub fn name(&self) -> &'static str {
         match self {
             Op::TryAcquire { .. } => "try_acquire",
+            Op::TryAcquireAll { .. } => "try_acquire_all",
             Op::Extend { .. } => "extend",
             Op::Release { .. } => "release",
             Op::Inspect { .. } => "inspect",
@@ -156,6 +164,8 @@ impl Op<'_> {
 pub enum Answer<'a> {
     /// The answer of a `try_acquire` (the provider's or a session store's).
     TryAcquire(&'a TryAcquire),
+    /// The answer of a `try_acquire_all`.
+    TryAcquireAll(&'a TryAcquireAll),
     /// The lease an `extend` returned.
     Extended(&'a Lease),
     /// One answer per lease, in order: `extend_many` or a session's `renew`.

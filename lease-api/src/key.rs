@@ -127,6 +127,36 @@ pub fn validate_purge_prefix(prefix: &str) -> crate::Result<()> {
     Ok(())
 }
 
+/// Checks a set of keys for a multi-key acquire (C18): at least one key, at
+/// most `max_keys`, none twice. Every provider's
+/// [`try_acquire_all`](crate::LeaseProvider::try_acquire_all) calls it before
+/// touching the store, so a bad set changes nothing.
+///
+/// # Errors
+/// [`LeaseError::Config`] naming what is wrong.
+pub fn validate_key_set(keys: &[LeaseKey], max_keys: usize) -> Result<(), LeaseError> {
+    if keys.is_empty() {
+        return Err(LeaseError::Config(
+            "an empty set of keys: name at least one key to acquire".into(),
+        ));
+    }
+    if keys.len() > max_keys {
+        return Err(LeaseError::Config(format!(
+            "{} keys in one set, but this provider takes at most {max_keys} at once",
+            keys.len()
+        )));
+    }
+    let mut seen = std::collections::HashSet::with_capacity(keys.len());
+    for key in keys {
+        if !seen.insert(key) {
+            return Err(LeaseError::Config(format!(
+                "the key {key} appears twice in the set; name each key once"
+            )));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

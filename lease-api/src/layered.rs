@@ -19,6 +19,7 @@ use crate::session_store::SessionStore;
 use crate::watch::KeyWatch;
 use crate::{
     Capabilities, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Result, TryAcquire,
+    TryAcquireAll,
 };
 
 use crate::hook::{Answer, Hook, Op};
@@ -79,6 +80,12 @@ trait Answered {
 impl Answered for TryAcquire {
     fn answer(&self) -> Answer<'_> {
         Answer::TryAcquire(self)
+    }
+}
+
+impl Answered for TryAcquireAll {
+    fn answer(&self) -> Answer<'_> {
+        Answer::TryAcquireAll(self)
     }
 }
 
@@ -179,6 +186,13 @@ impl<P: LeaseProvider + ?Sized, H: Hook> LeaseProvider for Layered<P, H> {
     async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
         through(&*self.hook, Op::TryAcquire { key, ttl }, || {
             self.inner.try_acquire(key, ttl)
+        })
+        .await
+    }
+
+    async fn try_acquire_all(&self, keys: &[LeaseKey], ttl: Duration) -> Result<TryAcquireAll> {
+        through(&*self.hook, Op::TryAcquireAll { keys, ttl }, || {
+            self.inner.try_acquire_all(keys, ttl)
         })
         .await
     }
@@ -411,6 +425,10 @@ mod tests {
             note(&self.calls, "try_acquire");
             self.memory.try_acquire(key, ttl).await
         }
+        async fn try_acquire_all(&self, keys: &[LeaseKey], ttl: Duration) -> Result<TryAcquireAll> {
+            note(&self.calls, "try_acquire_all");
+            self.memory.try_acquire_all(keys, ttl).await
+        }
         async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
             note(&self.calls, "extend");
             self.memory.extend(lease, ttl).await
@@ -588,6 +606,8 @@ mod tests {
         let lease = p.try_acquire(&key("a"), TTL).await.unwrap();
         let lease = lease.into_lease().unwrap();
         let lease = p.extend(&lease, TTL).await.unwrap();
+        let set = p.try_acquire_all(&[key("m1"), key("m2")], TTL).await;
+        assert_eq!(set.unwrap().into_leases().unwrap().len(), 2);
         let renewed = p.extend_many(std::slice::from_ref(&lease)).await.unwrap();
         assert_eq!(renewed.len(), 1);
         let info = p.inspect(&key("a")).await.unwrap().unwrap();
@@ -629,6 +649,7 @@ mod tests {
             "watch_is_lazy",
             "batch_limit",
             "try_acquire",
+            "try_acquire_all",
             "extend",
             "extend_many",
             "inspect",
@@ -663,6 +684,7 @@ mod tests {
         let ops = [
             "try_acquire",
             "extend",
+            "try_acquire_all",
             "extend_many",
             "inspect",
             "watch",

@@ -337,6 +337,38 @@ impl TryAcquire {
     }
 }
 
+/// What [`LeaseProvider::try_acquire_all`](crate::LeaseProvider::try_acquire_all)
+/// found: every key of the set taken, or none (C18).
+#[derive(Clone, Debug)]
+pub enum TryAcquireAll {
+    /// Every key was free (or expired) and is now ours: one lease per key, in
+    /// the order the keys were asked for, each with its own fencing token.
+    Acquired(Vec<Lease>),
+    /// Someone else holds `key`, so no key of the set was taken (or every key
+    /// taken on the way was given back).
+    Held {
+        /// A key of the set that another holder has.
+        key: LeaseKey,
+        /// How long that holder's lease still runs, when the store said.
+        remaining: Option<Duration>,
+    },
+}
+
+impl TryAcquireAll {
+    /// The leases, if every key was acquired.
+    pub fn into_leases(self) -> Option<Vec<Lease>> {
+        match self {
+            TryAcquireAll::Acquired(l) => Some(l),
+            TryAcquireAll::Held { .. } => None,
+        }
+    }
+
+    /// True if every key was acquired.
+    pub fn is_acquired(&self) -> bool {
+        matches!(self, TryAcquireAll::Acquired(_))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

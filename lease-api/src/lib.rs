@@ -7,7 +7,7 @@
 //! works over any backend:
 //!
 //! - [`LeaseKey`], [`FencingToken`], [`Lease`], [`Capabilities`], [`LeaseError`]:
-//!   the vocabulary of the contract (clauses C1..C17, [below](#the-contract)).
+//!   the vocabulary of the contract (clauses C1..C18, [below](#the-contract)).
 //! - [`LeaseProvider`]: the object-safe trait a backend implements; one atomic
 //!   store step per method.
 //! - [`acquire`]: wait for a key with a time limit, woken by the store's
@@ -103,6 +103,15 @@
 //!   leaves, and a dead waiter's ticket ends with its TTL or session. Declared
 //!   by [`Capabilities::fair_waiting`]; a backend without it refuses a fair
 //!   acquire with [`LeaseError::Config`].
+//! - **C18 sets of keys.** [`LeaseProvider::try_acquire_all`] takes every key
+//!   of a set or none, each key with its own token (C8); [`acquire_all`] waits
+//!   for a set, never deadlocks against overlapping sets named in any order,
+//!   and gives back a set won by a dropped future; [`LeaseSetGuard`] renews a
+//!   set together and loses it together. Where the store can decide the set in
+//!   one atomic step it does, and says so in
+//!   [`Capabilities::multi_key`]; elsewhere the keys are taken in key order
+//!   and given back on a miss. An empty set, a key named twice or too many
+//!   keys is [`LeaseError::Config`] and changes nothing.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -122,6 +131,7 @@ mod key;
 mod layered;
 mod lease;
 mod memory;
+mod multi;
 mod observe;
 mod provider;
 mod queue;
@@ -135,6 +145,7 @@ mod session_lease;
 mod session_renew;
 mod session_state;
 mod session_store;
+mod set_guard;
 mod time;
 mod wait;
 mod watch;
@@ -152,11 +163,13 @@ pub use guard::{GuardConfig, LeaseGuard};
 pub use held::{HeldLease, LostReason};
 pub use holder::{holder, set_holder};
 pub use key::LeaseKey;
-pub use lease::{FencingToken, Lease, LeaseInfo, TryAcquire};
+pub use lease::{FencingToken, Lease, LeaseInfo, TryAcquire, TryAcquireAll};
 pub use memory::{MemoryProvider, MemoryStore};
+pub use multi::{acquire_all, release_all};
 pub use observe::Observed;
 pub use provider::LeaseProvider;
 pub use run::{LeaseContext, RunOptions, RunOutcome, end_after_min_hold, run_with_lease};
 pub use session::{LeaseSession, SessionStats};
 pub use session_config::SessionConfig;
 pub use session_lease::SessionLease;
+pub use set_guard::LeaseSetGuard;

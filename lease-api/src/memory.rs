@@ -17,7 +17,7 @@ use crate::watch::KeyWatch;
 use crate::watch::NotifyWatch;
 use crate::{
     Capabilities, ExpiryClock, FencingToken, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider,
-    Notifications, Result, TokenDurability, TryAcquire,
+    Notifications, Result, TokenDurability, TryAcquire, TryAcquireAll,
 };
 
 /// The default namespace of every provider.
@@ -178,6 +178,7 @@ fn memory_capabilities() -> Capabilities {
         Notifications::Native("in-process notify"),
     )
     .with_fair_waiting(true)
+    .with_multi_key(crate::caps::MultiKey::atomic(crate::caps::DEFAULT_MAX_KEYS))
     .with_durable_tokens(TokenDurability::Volatile(
         "tokens live in process memory and start again at 1 in a new process".into(),
     ))
@@ -311,6 +312,52 @@ impl LeaseProvider for MemoryProvider {
         Ok(TryAcquire::Acquired(
             Lease::new(key.clone(), FencingToken(token), owner, ttl, sent_at).with_holder(label),
         ))
+    }
+
+    /// Every key in one lock section: nobody ever sees the set half held.
+    async fn try_acquire_all(&self, keys: &[LeaseKey], ttl: Duration) -> Result<TryAcquireAll> {
+        crate::key::validate_key_set(keys, self.caps.multi_key.max_keys)?;
+        let ttl = self.caps.grant_ttl(ttl)?;
+        let sent_at = Instant::now();
+        let mut state = self.store.lock()?;
+        state.maybe_sweep(sent_at);
+        for key in keys {
+            if let Some(h) = state
+                .entries
+                .get(&self.entry_key(key))
+                .and_then(|e| e.live_holder(sent_at))
+            {
+                return Ok(TryAcquireAll::Held {
+                    key: key.clone(),
+                    remaining: Some(h.expires_at - sent_at),
+                });
+            }
+        }
+        let label = crate::holder();
+        let mut leases = Vec::with_capacity(keys.len());
+        for key in keys {
+            state.last_token += 1;
+            let token = state.last_token;
+            let owner = OwnerId::random();
+            let entry = state
+                .entries
+                .entry(self.entry_key(key))
+                .or_insert_with(|| Entry {
+                    holder: None,
+                    notify: Arc::new(Notify::new()),
+                });
+            entry.holder = Some(Holder {
+                owner,
+                token,
+                expires_at: sent_at + ttl,
+                label: Arc::clone(&label),
+            });
+            leases.push(
+                Lease::new(key.clone(), FencingToken(token), owner, ttl, sent_at)
+                    .with_holder(Arc::clone(&label)),
+            );
+        }
+        Ok(TryAcquireAll::Acquired(leases))
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {

@@ -23,7 +23,7 @@ use tracing::Span;
 use crate::hook::{Answer, Hook, Op, Outcome};
 use crate::layered::Layered;
 use crate::record::{call as record_call, error_outcome};
-use crate::{LeaseKey, LeaseProvider, TryAcquire};
+use crate::{LeaseKey, LeaseProvider, TryAcquire, TryAcquireAll};
 
 /// Wraps any provider so that every store call runs in a `lease.store`
 /// tracing span (fields: backend, op, key, token, outcome, elapsed) and, with
@@ -56,6 +56,7 @@ pub struct ObserveHook {
 fn traced<'a>(op: &Op<'a>) -> Option<(&'static str, &'a LeaseKey, Option<u64>)> {
     match *op {
         Op::TryAcquire { key, .. } => Some(("acquire", key, None)),
+        Op::TryAcquireAll { keys, .. } => keys.first().map(|key| ("acquire_all", key, None)),
         Op::Extend { lease, .. } => Some(("extend", lease.key(), Some(lease.token().get()))),
         Op::Release { lease } => Some(("release", lease.key(), Some(lease.token().get()))),
         Op::Inspect { key } => Some(("inspect", key, None)),
@@ -100,6 +101,10 @@ impl Hook for ObserveHook {
         let (outcome, token) = match outcome {
             Ok(Answer::TryAcquire(TryAcquire::Acquired(l))) => ("acquired", Some(l.token().get())),
             Ok(Answer::TryAcquire(TryAcquire::Held { .. })) => ("held", None),
+            Ok(Answer::TryAcquireAll(TryAcquireAll::Acquired(l))) => {
+                ("acquired", l.first().map(|l| l.token().get()))
+            }
+            Ok(Answer::TryAcquireAll(TryAcquireAll::Held { .. })) => ("held", None),
             Ok(Answer::Holder(Some(info))) => ("held", Some(info.token.get())),
             Ok(Answer::Holder(None)) => ("free", None),
             Ok(_) => ("ok", None),

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 
 use crate::watch::{KeyWatch, SleepWatch};
 
-use crate::{Capabilities, Lease, LeaseInfo, LeaseKey, Result, TryAcquire};
+use crate::{Capabilities, Lease, LeaseInfo, LeaseKey, Result, TryAcquire, TryAcquireAll};
 
 /// One store's implementation of the lease contract (C1..C17).
 ///
@@ -32,6 +32,30 @@ pub trait LeaseProvider: Send + Sync + fmt::Debug {
     /// # Errors
     /// `InvalidTtl` (C3), `Unavailable`/`Timeout` when the store is unreachable.
     async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire>;
+
+    /// Takes every key of `keys` or none (C18): one lease per key, in the
+    /// order asked, each with its own fencing token and owner id.
+    ///
+    /// The default takes the keys one after another in key order and gives
+    /// back the ones it took when a later key is held or the store fails, so
+    /// no two callers deadlock and no set stays half held; others may see
+    /// its first keys held for a moment. Backends whose store can decide the
+    /// set in one atomic step override it and declare
+    /// [`MultiKey::atomic`](crate::backend::MultiKey::atomic) in
+    /// [`Capabilities::multi_key`].
+    ///
+    /// Like [`try_acquire`](Self::try_acquire) this is one attempt; use
+    /// [`acquire_all`](crate::acquire_all) to wait, which also gives the set
+    /// back when its future is dropped.
+    ///
+    /// # Errors
+    /// `Config` for an empty set, a key named twice or more keys than
+    /// [`MultiKey::max_keys`](crate::backend::MultiKey::max_keys), before
+    /// anything is sent; `InvalidTtl` (C3); `Unavailable`/`Timeout` when the
+    /// store is unreachable (every key taken on the way is given back).
+    async fn try_acquire_all(&self, keys: &[LeaseKey], ttl: Duration) -> Result<TryAcquireAll> {
+        acquire_in_key_order(self, keys, ttl).await
+    }
 
     /// Pushes the lease's expiry to store-now + `ttl`, keeping its token (C6).
     /// Returns the lease with its new TTL and local validity.
@@ -136,4 +160,49 @@ pub trait LeaseProvider: Send + Sync + fmt::Debug {
     fn wait_queue(&self) -> Option<&dyn crate::queue::WaitQueue> {
         None
     }
+}
+
+/// The default [`LeaseProvider::try_acquire_all`]: the keys one after another
+/// in key order (so two overlapping sets meet at their first shared key and
+/// one of them goes through), giving back the taken ones, newest first, when
+/// a key is held or the store fails.
+async fn acquire_in_key_order<P: LeaseProvider + ?Sized>(
+    provider: &P,
+    keys: &[LeaseKey],
+    ttl: Duration,
+) -> Result<TryAcquireAll> {
+    crate::key::validate_key_set(keys, provider.capabilities().multi_key.max_keys)?;
+    provider.capabilities().grant_ttl(ttl)?;
+    let mut order: Vec<usize> = (0..keys.len()).collect();
+    order.sort_by(|&a, &b| keys[a].cmp(&keys[b]));
+    let mut taken: Vec<(usize, Lease)> = Vec::with_capacity(keys.len());
+    let mut miss = None;
+    for &i in &order {
+        match provider.try_acquire(&keys[i], ttl).await {
+            Ok(TryAcquire::Acquired(lease)) => taken.push((i, lease)),
+            Ok(TryAcquire::Held { remaining }) => {
+                miss = Some(Ok(TryAcquireAll::Held {
+                    key: keys[i].clone(),
+                    remaining,
+                }));
+                break;
+            }
+            Err(e) => {
+                miss = Some(Err(e));
+                break;
+            }
+        }
+    }
+    let Some(miss) = miss else {
+        taken.sort_by_key(|(i, _)| *i);
+        return Ok(TryAcquireAll::Acquired(
+            taken.into_iter().map(|(_, lease)| lease).collect(),
+        ));
+    };
+    for (_, lease) in taken.iter().rev() {
+        if let Err(e) = provider.release(lease).await {
+            tracing::warn!(key = %lease.key(), error = %e, "could not give back a key of a set that was not taken whole; it runs out by its TTL");
+        }
+    }
+    miss
 }

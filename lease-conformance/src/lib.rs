@@ -1,7 +1,7 @@
 //! # lease-conformance: one suite that proves a provider keeps the lease contract
 //!
 //! Every `lease` backend runs these cases, and so can you against your own
-//! deployment: they are the contract's table of contents (clauses C1..C17, as
+//! deployment: they are the contract's table of contents (clauses C1..C18, as
 //! listed in the [`lease_api`] crate docs). Each case is a named entry of [`CASES`],
 //! with the clause it proves and one sentence on what it checks;
 //! the names are stable public API.
@@ -340,6 +340,12 @@ macro_rules! __case_list {
             election_paused_leader_is_fenced, "C12", "a leader cut off from the store loses its term to a follower once its lease ends, and the fence refuses its late write after the new leader's";
             election_has_one_leader_and_followers_see_each_term, "C2", "3 campaigners lead 2 terms each: one leader at a time, a follower sees every term in token order, and a resignation hands over at once";
             session_release_keeps_the_others, "C16", "releasing one lease of a session frees its key and keeps the others held";
+            multi_key_takes_every_key_or_none, "C18", "a set of keys is taken whole, each key with its own token above the key's earlier ones; a set with any key held takes none";
+            multi_key_bad_sets_change_nothing, "C18", "an empty set, a key named twice, more keys than max_keys, a zero TTL and a fair wait are clear errors that take nothing";
+            multi_key_sets_never_deadlock_or_overlap, "C18", "16 tasks take overlapping 3-key sets in random order, 4 rounds each: every one finishes and no key has two holders";
+            dropped_multi_acquire_leaks_no_key, "C18", "acquire_all futures dropped at any point, waiting or not, leave no key held";
+            atomic_multi_key_is_never_seen_half_held, "C18", "a provider declaring atomic sets is never seen holding part of a set that another holder's key refuses";
+            lease_set_renews_and_is_lost_together, "C18", "a LeaseSetGuard renews its keys across three TTLs; when one key ends, the set is lost and the other key given back";
         }
     };
 }
