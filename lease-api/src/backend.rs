@@ -151,6 +151,7 @@ pub use crate::layered::Layered;
 pub use crate::lease::{LeaseHandle, OwnerId, drift_margin};
 pub use crate::memory::DEFAULT_NAMESPACE;
 pub use crate::observe::ObserveHook;
+pub use crate::provider::acquire_in_key_order;
 pub use crate::queue::{MAX_TICKET_TTL, Place, Ticket, WaitQueue};
 pub use crate::session_store::SessionStore;
 pub use crate::time::{deadline_after, deadline_in};

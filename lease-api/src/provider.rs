@@ -165,8 +165,13 @@ pub trait LeaseProvider: Send + Sync + fmt::Debug {
 /// The default [`LeaseProvider::try_acquire_all`]: the keys one after another
 /// in key order (so two overlapping sets meet at their first shared key and
 /// one of them goes through), giving back the taken ones, newest first, when
-/// a key is held or the store fails.
-async fn acquire_in_key_order<P: LeaseProvider + ?Sized>(
+/// a key is held or the store fails. A backend that overrides
+/// `try_acquire_all` calls it for the sets its store cannot take in one step
+/// (a Redis Cluster's keys in different slots).
+///
+/// # Errors
+/// As [`LeaseProvider::try_acquire_all`].
+pub async fn acquire_in_key_order<P: LeaseProvider + ?Sized>(
     provider: &P,
     keys: &[LeaseKey],
     ttl: Duration,

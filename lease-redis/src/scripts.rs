@@ -28,6 +28,34 @@ return {1, token, ''}
     )
 });
 
+/// Every key of a set or none, in one script. KEYS: per key, its lease, fence
+/// and cancel tombstone (as [`ACQUIRE`]), three by three. ARGV: ttl ms,
+/// holder label, then each key's owner. Returns {1, token per key} when every
+/// key was free, or {0, i, pttl} for the first held key (1-based; pttl -3
+/// when this owner's acquire of it was cancelled), having written nothing.
+pub(crate) static ACQUIRE_ALL: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local n = #KEYS / 3
+for i = 1, n do
+  if redis.call('EXISTS', KEYS[3 * i - 2], KEYS[3 * i]) ~= 0 then
+    if redis.call('EXISTS', KEYS[3 * i]) == 1 then
+      return {0, i, -3}
+    end
+    return {0, i, redis.call('PTTL', KEYS[3 * i - 2])}
+  end
+end
+local out = {1}
+for i = 1, n do
+  local token = redis.call('INCR', KEYS[3 * i - 1])
+  redis.call('SET', KEYS[3 * i - 2], ARGV[2 + i] .. ':' .. token .. ':' .. ARGV[2], 'PX', ARGV[1])
+  out[i + 1] = token
+end
+return out
+",
+    )
+});
+
 /// What extend and release compare the stored value with: the lease's owner
 /// and token, `<owner hex>:<token>`. The value (`<owner>:<token>:<label>`, or
 /// `<owner>:<token>` before labels) must start with it up to a `:` or equal

@@ -5,7 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_api::backend::{OwnerId, ProbedCapabilities, validate_namespace};
+use lease_api::backend::{
+    DEFAULT_MAX_KEYS, MultiKey, OwnerId, ProbedCapabilities, validate_namespace,
+};
 use lease_api::{ExpiryClock, LeaseError, LeaseKey, Result};
 
 use crate::keys::{encode, redis_keys, release_channel};
@@ -14,6 +16,7 @@ pub(crate) use crate::time::{Timeouts, millis};
 
 mod batch;
 mod config;
+mod multi;
 mod ops;
 mod probe;
 mod queue;
@@ -99,6 +102,13 @@ impl RedisProvider {
             )
         } else {
             base_capabilities("redis", ExpiryClock::StoreServer)
+        };
+        // One script takes a whole set where every key may be in it: not on
+        // a Cluster, where each key has a slot of its own.
+        let base = if node.is_cluster() {
+            base
+        } else {
+            base.with_multi_key(MultiKey::atomic(DEFAULT_MAX_KEYS))
         };
         Ok(RedisProvider {
             inner: Arc::new(Inner {

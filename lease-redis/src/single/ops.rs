@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use lease_api::backend::{KeyWatch, OwnerId, WaitQueue};
 use lease_api::{
     Capabilities, FencingToken, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Result,
-    TryAcquire,
+    TryAcquire, TryAcquireAll,
 };
 use redis::Value;
 use tokio::time::Instant;
@@ -85,6 +85,11 @@ impl LeaseProvider for RedisProvider {
             let remaining = u64::try_from(n).ok().map(Duration::from_millis);
             Ok(TryAcquire::Held { remaining })
         }
+    }
+
+    /// One script for the whole set; on a Cluster the keys in key order.
+    async fn try_acquire_all(&self, keys: &[LeaseKey], ttl: Duration) -> Result<TryAcquireAll> {
+        self.acquire_set(keys, ttl).await
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
