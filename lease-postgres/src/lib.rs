@@ -160,6 +160,7 @@ mod advisory;
 mod config;
 mod conns;
 mod hosts;
+mod multi;
 mod once;
 mod ops;
 mod probe;

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use lease_api::backend::{KeyWatch, OwnerId, WaitQueue};
 use lease_api::{
     Capabilities, FencingToken, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Result,
-    TryAcquire,
+    TryAcquire, TryAcquireAll,
 };
 use sqlx::Row;
 use tokio::time::Instant;
@@ -66,6 +66,11 @@ impl LeaseProvider for PostgresProvider {
                 remaining: remaining.map(from_micros),
             })
         }
+    }
+
+    /// One statement for the whole set (see `multi.rs`).
+    async fn try_acquire_all(&self, keys: &[LeaseKey], ttl: Duration) -> Result<TryAcquireAll> {
+        self.acquire_set(keys, ttl).await
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {

@@ -5,7 +5,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio_util::task::AbortOnDropHandle;
 
-use lease_api::backend::{DEFAULT_MAX_TTL, OwnerId, validate_namespace};
+use lease_api::backend::{
+    DEFAULT_MAX_KEYS, DEFAULT_MAX_TTL, MultiKey, OwnerId, validate_namespace,
+};
 use lease_api::backend::{ProbedCapabilities, WatchHub};
 use lease_api::{
     Capabilities, ExpiryClock, FencingToken, Lease, LeaseError, LeaseInfo, Notifications, Result,
@@ -122,7 +124,8 @@ impl PostgresProvider {
         )
         .with_ttl_limits(Duration::from_millis(10), DEFAULT_MAX_TTL)
         .with_expiry_slack(Duration::from_millis(5))
-        .with_fair_waiting(true);
+        .with_fair_waiting(true)
+        .with_multi_key(MultiKey::atomic(DEFAULT_MAX_KEYS));
         Self::with_capabilities(config, base)
     }
 

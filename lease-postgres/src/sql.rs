@@ -28,6 +28,7 @@ pub(crate) struct Statements {
     pub add_holder: String,
     pub has_holder: String,
     pub acquire: String,
+    pub acquire_all: String,
     pub extend: String,
     pub extend_many: String,
     pub release: String,
@@ -243,6 +244,41 @@ impl Statements {
                  UNION ALL
                  SELECT false, l.token, {remaining} FROM {t} l
                   WHERE l.namespace = $1 AND l.key = $2 AND NOT EXISTS (SELECT 1 FROM won)"
+            ),
+            // A set of keys in one statement: nothing when the snapshot shows
+            // one held (that key is answered); otherwise every row, taken in
+            // key order so two sets lock their rows in the same order. A row
+            // taken by a concurrent commit after the snapshot is left alone
+            // by ON CONFLICT's recheck; then fewer rows than keys were won,
+            // and the division by zero aborts the statement, undoing the
+            // rest (the caller runs it again on a fresh snapshot). The division
+            // is in the output, evaluated per won row: in a WHERE clause that
+            // names no column of the row the planner runs it once up front,
+            // even when no row was won.
+            acquire_all: format!(
+                "WITH want AS (
+                    SELECT w.key, w.owner FROM unnest($2::text[], $3::text[]) AS w(key, owner)
+                 ),
+                 held AS (
+                    SELECT l.key, {remaining} AS remaining FROM {t} l JOIN want w ON l.key = w.key
+                     WHERE l.namespace = $1 AND l.owner IS NOT NULL AND l.expires_at > clock_timestamp()
+                     ORDER BY l.key LIMIT 1
+                 ),
+                 won AS (
+                    INSERT INTO {t} AS l (namespace, key, owner, token, expires_at, holder)
+                    SELECT $1, w.key, w.owner, 1, clock_timestamp() + $4::bigint * interval '1 microsecond', $5
+                      FROM want w WHERE NOT EXISTS (SELECT 1 FROM held)
+                     ORDER BY w.key
+                    ON CONFLICT (namespace, key) DO UPDATE
+                       SET owner = EXCLUDED.owner, token = l.token + 1, expires_at = EXCLUDED.expires_at,
+                           holder = EXCLUDED.holder
+                     WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp()
+                    RETURNING l.key, l.token
+                 )
+                 SELECT true, w.key, w.token / (CASE WHEN (SELECT count(*) FROM won) = $6 THEN 1 ELSE 0 END)
+                   FROM won w
+                 UNION ALL
+                 SELECT false, h.key, h.remaining FROM held h"
             ),
             extend: format!(
                 "UPDATE {t} SET expires_at = clock_timestamp() + $5::bigint * interval '1 microsecond'
