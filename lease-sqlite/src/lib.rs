@@ -64,6 +64,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod multi;
+mod ops;
 mod provider;
 
 pub use provider::{SqliteConfig, SqliteProvider};

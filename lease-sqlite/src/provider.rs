@@ -6,20 +6,18 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use lease_api::backend::NotifyWatch;
 use lease_api::backend::{
-    DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, KeyWatch, OwnerId, validate_namespace,
+    DEFAULT_MAX_KEYS, DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, MultiKey, validate_namespace,
 };
 use lease_api::{
-    Capabilities, ExpiryClock, FencingToken, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider,
-    Notifications, Result, TokenDurability, TryAcquire,
+    Capabilities, ExpiryClock, FencingToken, LeaseError, LeaseKey, Notifications, Result,
+    TokenDurability,
 };
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
-use sqlx::{Row, Sqlite, Transaction};
+use sqlx::{Sqlite, Transaction};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::{Notify, OnceCell};
 use tokio::time::Instant;
@@ -66,29 +64,29 @@ impl SqliteConfig {
 /// it. See the crate docs for where each guarantee comes from.
 #[derive(Clone)]
 pub struct SqliteProvider {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
-struct Inner {
-    config: SqliteConfig,
-    pool: SqlitePool,
-    ready: OnceCell<()>,
-    caps: Capabilities,
-    boot: String,
+pub(crate) struct Inner {
+    pub(crate) config: SqliteConfig,
+    pub(crate) pool: SqlitePool,
+    pub(crate) ready: OnceCell<()>,
+    pub(crate) caps: Capabilities,
+    pub(crate) boot: String,
     /// The notification directory: a release touches the file of its key's
     /// bucket there.
-    notify_dir: PathBuf,
+    pub(crate) notify_dir: PathBuf,
     /// One write transaction of this provider at a time: the tasks of one
     /// process queue here, in order, instead of in SQLite's busy handler,
     /// which sleeps in coarse steps. Other processes still meet the busy
     /// handler.
-    write_lock: Arc<tokio::sync::Mutex<()>>,
+    pub(crate) write_lock: Arc<tokio::sync::Mutex<()>>,
     /// One `Notify` per bucket, woken by the inotify task.
-    released: Arc<Vec<Arc<Notify>>>,
-    watcher: OnceCell<DropGuard>,
+    pub(crate) released: Arc<Vec<Arc<Notify>>>,
+    pub(crate) watcher: OnceCell<DropGuard>,
     /// Keys this provider found held, until when at least (as etcd's
     /// provider keeps them): a try on such a key reads before it writes.
-    seen_held: std::sync::Mutex<std::collections::HashMap<String, Instant>>,
+    pub(crate) seen_held: std::sync::Mutex<std::collections::HashMap<String, Instant>>,
 }
 
 impl std::fmt::Debug for SqliteProvider {
@@ -101,7 +99,7 @@ impl std::fmt::Debug for SqliteProvider {
 }
 
 /// Milliseconds of `CLOCK_MONOTONIC`: the host clock every process shares.
-fn host_now_ms() -> Result<i64> {
+pub(crate) fn host_now_ms() -> Result<i64> {
     let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
         .map_err(|e| LeaseError::protocol(format!("cannot read CLOCK_MONOTONIC: {e}")))?;
     Ok(t.tv_sec()
@@ -124,25 +122,25 @@ fn boot_id() -> Result<String> {
         })
 }
 
-fn millis(d: Duration) -> i64 {
+pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-fn token_i64(t: FencingToken) -> i64 {
+pub(crate) fn token_i64(t: FencingToken) -> i64 {
     i64::try_from(t.get()).unwrap_or(-1)
 }
 
 /// Extends (or the many-lease form) compare owner, token and boot.
-const EXTEND: &str = "UPDATE lease_leases SET expires_at = ?1
+pub(crate) const EXTEND: &str = "UPDATE lease_leases SET expires_at = ?1
      WHERE namespace = ?2 AND key = ?3 AND owner = ?4 AND token = ?5 AND boot = ?6 AND expires_at > ?7";
-const RELEASE: &str = "UPDATE lease_leases SET owner = NULL, expires_at = NULL, holder = NULL
+pub(crate) const RELEASE: &str = "UPDATE lease_leases SET owner = NULL, expires_at = NULL, holder = NULL
      WHERE namespace = ?1 AND key = ?2 AND owner = ?3 AND token = ?4 AND boot = ?5 AND expires_at > ?6";
 /// Notification buckets: a release wakes the waiters of keys in its bucket.
 const BUCKETS: usize = 1024;
 /// How many leases one `extend_many` transaction takes.
-const BATCH: usize = 1000;
+pub(crate) const BATCH: usize = 1000;
 /// How often a busy database is retried after the busy timeout.
-const BUSY_RETRIES: usize = 3;
+pub(crate) const BUSY_RETRIES: usize = 3;
 
 impl SqliteProvider {
     /// Sets up a provider; the database is opened (and created) on first use.
@@ -171,6 +169,7 @@ impl SqliteProvider {
             Notifications::Native("inotify on the notification file"),
         )
         .with_ttl_limits(Duration::from_millis(10), DEFAULT_MAX_TTL)
+        .with_multi_key(MultiKey::atomic(DEFAULT_MAX_KEYS))
         .with_ttl_granularity(Duration::from_millis(1))
         .with_expiry_slack(Duration::from_millis(5))
         .with_durable_tokens(TokenDurability::Durable(
@@ -202,7 +201,7 @@ impl SqliteProvider {
         Self::new(SqliteConfig::new(path.as_ref()))
     }
 
-    fn map_err(&self, e: sqlx::Error) -> LeaseError {
+    pub(crate) fn map_err(&self, e: sqlx::Error) -> LeaseError {
         let path = self.inner.config.path.display();
         // SQLite's primary result code is the low byte of the extended one.
         let primary = match &e {
@@ -237,7 +236,7 @@ impl SqliteProvider {
     }
 
     /// Creates the tables once per provider.
-    async fn ready(&self) -> Result<()> {
+    pub(crate) async fn ready(&self) -> Result<()> {
         self.inner
             .ready
             .get_or_try_init(|| async {
@@ -272,7 +271,7 @@ impl SqliteProvider {
 
     /// A write transaction that holds SQLite's write lock from its first
     /// statement (`BEGIN IMMEDIATE`), retried while another process holds it.
-    async fn begin(&self) -> Result<Transaction<'static, Sqlite>> {
+    pub(crate) async fn begin(&self) -> Result<Transaction<'static, Sqlite>> {
         let mut last = None;
         for _ in 0..BUSY_RETRIES {
             match self.inner.pool.begin_with("BEGIN IMMEDIATE").await {
@@ -292,7 +291,7 @@ impl SqliteProvider {
     /// Runs a whole write transaction in its own task, so a caller that
     /// drops its future never leaves a connection inside a transaction, and
     /// a commit that happens is never half-observed.
-    async fn write<T, F, Fut>(&self, f: F) -> Result<T>
+    pub(crate) async fn write<T, F, Fut>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(SqliteProvider) -> Fut + Send + 'static,
@@ -328,7 +327,9 @@ impl SqliteProvider {
         }
     }
 
-    fn seen_held(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Instant>> {
+    pub(crate) fn seen_held(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Instant>> {
         self.inner
             .seen_held
             .lock()
@@ -336,7 +337,7 @@ impl SqliteProvider {
     }
 
     /// The bucket of `key`: releases wake only the waiters of their bucket.
-    fn bucket(&self, key: &LeaseKey) -> usize {
+    pub(crate) fn bucket(&self, key: &LeaseKey) -> usize {
         // FNV-1a: the same in every process, whatever its Rust version.
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
         let ns = self.inner.config.namespace.as_bytes();
@@ -350,7 +351,7 @@ impl SqliteProvider {
     /// Wakes the waiters of `key` on the host: closing a file opened for
     /// writing is an `IN_CLOSE_WRITE` event, with the file's name, for every
     /// watcher of the notification directory.
-    fn announce(&self, key: &LeaseKey) {
+    pub(crate) fn announce(&self, key: &LeaseKey) {
         let file = self
             .inner
             .notify_dir
@@ -369,7 +370,7 @@ impl SqliteProvider {
 
     /// Starts the inotify watch once; afterwards every release on the host
     /// wakes this provider's waiters of its key's bucket.
-    async fn ensure_watcher(&self) -> Result<()> {
+    pub(crate) async fn ensure_watcher(&self) -> Result<()> {
         self.inner
             .watcher
             .get_or_try_init(|| async {
@@ -409,7 +410,7 @@ impl SqliteProvider {
             .map(|_| ())
     }
 
-    fn lease_row_live(
+    pub(crate) fn lease_row_live(
         &self,
         row: &Option<(Option<String>, Option<i64>, Option<String>)>,
         now: i64,
@@ -498,253 +499,6 @@ async fn watch_releases(
                 return;
             }
         }
-    }
-}
-
-#[async_trait]
-impl LeaseProvider for SqliteProvider {
-    fn capabilities(&self) -> &Capabilities {
-        &self.inner.caps
-    }
-
-    fn namespace(&self) -> &str {
-        &self.inner.config.namespace
-    }
-
-    async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
-        let ttl = self.inner.caps.grant_ttl(ttl)?;
-        // A key this provider found held is answered by a read, which runs
-        // beside other processes' writes (WAL): a herd of waiters woken by
-        // one release does not queue for the write lock only to find the key
-        // taken. A stale read can only say "held", and the caller's watch,
-        // set up before this call, sees the release that made it stale. A
-        // key not seen held goes straight to the write: one transaction.
-        let seen = {
-            let now = Instant::now();
-            let mut seen = self.seen_held();
-            seen.retain(|_, until| *until > now);
-            seen.contains_key(key.as_str())
-        };
-        if seen {
-            if let Some(info) = self.inspect(key).await? {
-                return Ok(TryAcquire::Held {
-                    remaining: Some(info.remaining),
-                });
-            }
-            self.seen_held().remove(key.as_str());
-        }
-        let seen_key = key.as_str().to_owned();
-        let key = key.clone();
-        let sent_at = Instant::now();
-        let answer = self.write(move |this| async move {
-            let owner = OwnerId::random();
-            let holder = lease_api::holder();
-            let ns = this.inner.config.namespace.clone();
-            let mut tx = this.begin().await?;
-            // The write lock is held: the clock is read after it was granted.
-            let now = host_now_ms()?;
-            let row: Option<(Option<String>, Option<i64>, Option<String>)> = sqlx::query(
-                "SELECT owner, expires_at, boot FROM lease_leases WHERE namespace = ?1 AND key = ?2",
-            )
-            .bind(&ns)
-            .bind(key.as_str())
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(|e| this.map_err(e))?
-            .map(|r| (r.get(0), r.get(1), r.get(2)));
-            if let Some(remaining) = this.lease_row_live(&row, now) {
-                tx.rollback().await.map_err(|e| this.map_err(e))?;
-                return Ok(TryAcquire::Held {
-                    remaining: Some(Duration::from_millis(u64::try_from(remaining).unwrap_or(0))),
-                });
-            }
-            let token: i64 = sqlx::query("UPDATE lease_tokens SET last = last + 1 WHERE id = 1 RETURNING last")
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(|e| this.map_err(e))?
-                .get(0);
-            sqlx::query(
-                "INSERT INTO lease_leases (namespace, key, owner, token, expires_at, boot, holder)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
-                 ON CONFLICT (namespace, key) DO UPDATE SET owner = excluded.owner,
-                    token = excluded.token, expires_at = excluded.expires_at,
-                    boot = excluded.boot, holder = excluded.holder",
-            )
-            .bind(&ns)
-            .bind(key.as_str())
-            .bind(owner.to_hex())
-            .bind(token)
-            .bind(now.saturating_add(millis(ttl)))
-            .bind(&this.inner.boot)
-            .bind(&*holder)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| this.map_err(e))?;
-            tx.commit().await.map_err(|e| this.map_err(e))?;
-            let token = u64::try_from(token)
-                .map_err(|_| LeaseError::protocol(format!("negative token {token}")))?;
-            Ok(TryAcquire::Acquired(
-                Lease::new(key, FencingToken(token), owner, ttl, sent_at).with_holder(holder),
-            ))
-        })
-        .await;
-        if let Ok(TryAcquire::Held {
-            remaining: Some(remaining),
-        }) = &answer
-        {
-            self.seen_held()
-                .insert(seen_key, Instant::now() + *remaining);
-        }
-        answer
-    }
-
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
-        let ttl = self.inner.caps.grant_ttl(ttl)?;
-        let mut answers = self.extend_all(vec![(lease.clone(), ttl)]).await?;
-        answers
-            .pop()
-            .unwrap_or_else(|| Err(LeaseError::protocol("an extend returned no answer")))
-    }
-
-    /// Every lease of the batch in one transaction (one fsync).
-    async fn extend_many(&self, leases: &[Lease]) -> Result<Vec<Result<Lease>>> {
-        let mut out = Vec::with_capacity(leases.len());
-        let mut valid = Vec::new();
-        let mut slots = Vec::with_capacity(leases.len());
-        for l in leases {
-            match self.inner.caps.grant_ttl(l.ttl()) {
-                Ok(ttl) => {
-                    slots.push(None);
-                    valid.push((l.clone(), ttl));
-                }
-                Err(e) => slots.push(Some(e)),
-            }
-        }
-        let mut answers = self.extend_all(valid).await?.into_iter();
-        for slot in slots {
-            out.push(match slot {
-                Some(e) => Err(e),
-                None => answers.next().unwrap_or_else(|| {
-                    Err(LeaseError::protocol("a batched extend lost an answer"))
-                }),
-            });
-        }
-        Ok(out)
-    }
-
-    fn batch_limit(&self) -> usize {
-        BATCH
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<()> {
-        let sent = lease.clone();
-        let released = self
-            .write(move |this| async move {
-                let mut tx = this.begin().await?;
-                let now = host_now_ms()?;
-                let done = sqlx::query(RELEASE)
-                    .bind(&this.inner.config.namespace)
-                    .bind(sent.key().as_str())
-                    .bind(sent.owner().to_hex())
-                    .bind(token_i64(sent.token()))
-                    .bind(&this.inner.boot)
-                    .bind(now)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|e| this.map_err(e))?;
-                tx.commit().await.map_err(|e| this.map_err(e))?;
-                Ok(done.rows_affected() == 1)
-            })
-            .await?;
-        if released {
-            self.announce(lease.key());
-            Ok(())
-        } else {
-            Err(LeaseError::not_held(lease))
-        }
-    }
-
-    async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>> {
-        self.ready().await?;
-        let row = sqlx::query(
-            "SELECT owner, expires_at, boot, token, holder FROM lease_leases WHERE namespace = ?1 AND key = ?2",
-        )
-        .bind(&self.inner.config.namespace)
-        .bind(key.as_str())
-        .fetch_optional(&self.inner.pool)
-        .await
-        .map_err(|e| self.map_err(e))?;
-        let Some(row) = row else {
-            return Ok(None);
-        };
-        let now = host_now_ms()?;
-        let state = Some((row.get(0), row.get(1), row.get(2)));
-        let Some(remaining) = self.lease_row_live(&state, now) else {
-            return Ok(None);
-        };
-        let owner: Option<String> = row.get(0);
-        let token: i64 = row.get(3);
-        Ok(Some(LeaseInfo::new(
-            FencingToken(u64::try_from(token).unwrap_or(0)),
-            Duration::from_millis(u64::try_from(remaining).unwrap_or(0)),
-            owner.as_deref().and_then(OwnerId::from_hex),
-            row.get(4),
-        )))
-    }
-
-    async fn watch(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {
-        self.ensure_watcher().await?;
-        let bucket = self
-            .inner
-            .released
-            .get(self.bucket(key))
-            .ok_or_else(|| LeaseError::protocol("a notification bucket out of range"))?;
-        Ok(Box::new(NotifyWatch::new(Arc::clone(bucket))))
-    }
-}
-
-impl SqliteProvider {
-    /// Extends each `(lease, ttl)` in one transaction; one answer each.
-    async fn extend_all(&self, leases: Vec<(Lease, Duration)>) -> Result<Vec<Result<Lease>>> {
-        if leases.is_empty() {
-            return Ok(Vec::new());
-        }
-        let sent_at = Instant::now();
-        let sent = leases.clone();
-        let done: Vec<bool> = self
-            .write(move |this| async move {
-                let mut tx = this.begin().await?;
-                let now = host_now_ms()?;
-                let mut done = Vec::with_capacity(sent.len());
-                for (lease, ttl) in &sent {
-                    let r = sqlx::query(EXTEND)
-                        .bind(now.saturating_add(millis(*ttl)))
-                        .bind(&this.inner.config.namespace)
-                        .bind(lease.key().as_str())
-                        .bind(lease.owner().to_hex())
-                        .bind(token_i64(lease.token()))
-                        .bind(&this.inner.boot)
-                        .bind(now)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(|e| this.map_err(e))?;
-                    done.push(r.rows_affected() == 1);
-                }
-                tx.commit().await.map_err(|e| this.map_err(e))?;
-                Ok(done)
-            })
-            .await?;
-        Ok(leases
-            .iter()
-            .zip(done)
-            .map(|((lease, ttl), ok)| {
-                if ok {
-                    Ok(lease.renewed(*ttl, sent_at))
-                } else {
-                    Err(LeaseError::lost(lease))
-                }
-            })
-            .collect())
     }
 }
 
