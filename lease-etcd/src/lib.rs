@@ -129,6 +129,7 @@ mod acquire;
 mod config;
 mod issued;
 mod moves;
+mod multi;
 mod ops;
 mod provider;
 mod queue;

@@ -15,7 +15,7 @@ use etcd_client::{
 use lease_api::backend::{KeyWatch, LeaseHandle, SessionStore, WaitQueue};
 use lease_api::{
     Capabilities, FencingToken, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Result,
-    TryAcquire,
+    TryAcquire, TryAcquireAll,
 };
 use tokio::time::Instant;
 
@@ -60,6 +60,11 @@ impl LeaseProvider for EtcdProvider {
             self.record_issued(lease, ttl);
         }
         answer
+    }
+
+    /// An etcd lease per key, granted all at once, then one transaction.
+    async fn try_acquire_all(&self, keys: &[LeaseKey], ttl: Duration) -> Result<TryAcquireAll> {
+        self.acquire_set(keys, ttl).await
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {

@@ -7,7 +7,9 @@ use crate::config::EtcdConfig;
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, TxnResponse,
 };
-use lease_api::backend::{DEFAULT_MAX_TTL, LeaseHandle, OwnerId, validate_namespace};
+use lease_api::backend::{
+    DEFAULT_MAX_KEYS, DEFAULT_MAX_TTL, LeaseHandle, MultiKey, OwnerId, validate_namespace,
+};
 use lease_api::{
     Capabilities, ExpiryClock, Failover, FailoverExtension, FailoverTokens, Lease, LeaseError,
     LeaseKey, Notifications, Result, TokenDurability,
@@ -189,6 +191,7 @@ impl EtcdProvider {
             Notifications::Native("etcd watch"),
         )
         .with_fair_waiting(true)
+        .with_multi_key(MultiKey::atomic(DEFAULT_MAX_KEYS))
         .with_ttl_limits(Duration::from_secs(2), DEFAULT_MAX_TTL)
         .with_ttl_granularity(Duration::from_secs(1))
         // The lessor checks for expired leases every 500 ms and revokes
