@@ -341,6 +341,7 @@ macro_rules! __case_list {
             election_has_one_leader_and_followers_see_each_term, "C2", "3 campaigners lead 2 terms each: one leader at a time, a follower sees every term in token order, and a resignation hands over at once";
             session_release_keeps_the_others, "C16", "releasing one lease of a session frees its key and keeps the others held";
             multi_key_takes_every_key_or_none, "C18", "a set of keys is taken whole, each key with its own token above the key's earlier ones; a set with any key held takes none";
+            multi_key_takes_over_expired_keys, "C18", "a set with keys whose holders crashed is refused while their leases run and taken over once they expired, with larger tokens";
             multi_key_bad_sets_change_nothing, "C18", "an empty set, a key named twice, more keys than max_keys, a zero TTL and a fair wait are clear errors that take nothing";
             multi_key_sets_never_deadlock_or_overlap, "C18", "16 tasks take overlapping 3-key sets in random order, 4 rounds each: every one finishes and no key has two holders";
             dropped_multi_acquire_leaks_no_key, "C18", "acquire_all futures dropped at any point, waiting or not, leave no key held";

@@ -137,6 +137,7 @@
 
 mod config;
 mod issued;
+mod multi;
 mod ops;
 mod provider;
 mod queue;

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use lease_api::backend::{KeyWatch, LeaseHandle, OwnerId, SessionStore, WaitQueue};
 use lease_api::{
     Capabilities, FencingToken, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Result,
-    TryAcquire,
+    TryAcquire, TryAcquireAll,
 };
 use tokio::time::Instant;
 use zookeeper_client::Error as ZkError;
@@ -247,6 +247,11 @@ impl LeaseProvider for ZkProvider {
     async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
         let ttl = self.caps().grant_ttl(ttl)?;
         self.try_acquire_recording(key, ttl, ttl).await
+    }
+
+    /// One multi for the whole set (see `multi.rs`).
+    async fn try_acquire_all(&self, keys: &[LeaseKey], ttl: Duration) -> Result<TryAcquireAll> {
+        self.acquire_set(keys, ttl).await
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {

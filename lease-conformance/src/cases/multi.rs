@@ -372,3 +372,39 @@ pub(super) async fn lease_set_renews_and_is_lost_together(ctx: Ctx) -> CaseResul
     drop(guard);
     Ok(())
 }
+
+pub(super) async fn multi_key_takes_over_expired_keys(ctx: Ctx) -> CaseResult {
+    let crashed = ctx.provider().await?;
+    let p = ctx.provider().await?;
+    let ttl = short_ttl(&*crashed);
+    let keys = [ctx.key("a")?, ctx.key("b")?, ctx.key("c")?];
+    // Two keys of the set held by holders that stop renewing (a crash).
+    let old_a = must_acquire(&*crashed, &keys[0], ttl).await?;
+    let old_c = must_acquire(&*crashed, &keys[2], ttl).await?;
+    let long = long_ttl(&*p);
+    match p.try_acquire_all(&keys, long).await? {
+        TryAcquireAll::Held { key, .. } => check!(
+            key == keys[0] || key == keys[2],
+            "the set reports {key:?} held, which nobody holds"
+        ),
+        TryAcquireAll::Acquired(_) => {
+            return Err(CaseError("a set took keys whose leases still run".into()));
+        }
+    }
+    let wait = expiry_bound(&*crashed, ttl) * 2;
+    let Some(set) = acquire_all(&p, &keys, AcquireOptions::ttl(long).wait(wait)).await? else {
+        return Err(CaseError(format!(
+            "the set was not taken within {wait:?} of its holders' TTL {ttl:?}"
+        )));
+    };
+    check!(
+        set[0].token() > old_a.token() && set[2].token() > old_c.token(),
+        "takeover tokens {} and {} are not above the expired {} and {}",
+        set[0].token(),
+        set[2].token(),
+        old_a.token(),
+        old_c.token()
+    );
+    release_all(&*p, &set).await?;
+    Ok(())
+}
