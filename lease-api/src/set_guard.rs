@@ -113,6 +113,16 @@ impl LeaseSetGuard {
         lock(&self.state.leases).iter().map(Lease::token).collect()
     }
 
+    /// Until when every lease of the set is surely held: the earliest local
+    /// validity of the set, as last renewed.
+    pub fn valid_until(&self) -> Instant {
+        lock(&self.state.leases)
+            .iter()
+            .map(Lease::valid_until)
+            .min()
+            .unwrap_or_else(Instant::now)
+    }
+
     /// Resolves when the set is lost: one of its leases was lost, or renewal
     /// failed until local validity was about to end.
     pub async fn lost(&self) -> LostReason {
@@ -148,6 +158,20 @@ impl LeaseSetGuard {
         self.released = true;
         let leases = self.leases();
         crate::release_all(&*self.provider, &leases).await
+    }
+}
+
+impl LeaseSetGuard {
+    /// Stops renewing without releasing: the leases run out by their TTL
+    /// (for a job whose processes may outlive the guard). Returns them as
+    /// last renewed.
+    pub async fn detach(mut self) -> Vec<Lease> {
+        self.stop.cancel();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+        self.released = true;
+        self.leases()
     }
 }
 

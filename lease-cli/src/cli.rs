@@ -80,9 +80,11 @@ pub(crate) enum Command {
     /// Acquire KEY, run CMD while renewing the lease, stop CMD if the lease is lost.
     #[command(after_help = RUN_HELP)]
     Run {
-        /// The key to lease.
-        #[arg(long)]
-        key: String,
+        /// The key to lease. Give --key several times to hold every key or
+        /// none (the command runs only once all are held; they are renewed
+        /// together, and losing one stops the command).
+        #[arg(long = "key", value_name = "KEY", required = true)]
+        keys: Vec<String>,
         /// The lease TTL (30s, 1m, ...). Default: the configuration's default_ttl.
         #[arg(long, value_parser = duration)]
         ttl: Option<Duration>,

@@ -20,6 +20,7 @@ mod chaos;
 mod cli;
 mod conformance;
 mod exit;
+mod held;
 mod run;
 mod script;
 mod status;
@@ -121,7 +122,7 @@ async fn async_main(cli: Cli) -> ExitCode {
     }
     match cli.command {
         Command::Run {
-            key,
+            keys,
             ttl,
             wait,
             fair,
@@ -136,7 +137,7 @@ async fn async_main(cli: Cli) -> ExitCode {
             if fair {
                 options = options.fair();
             }
-            run::run(&config, &key, options, min_hold, grace, once, &cmd).await
+            run::run(&config, &keys, options, min_hold, grace, once, &cmd).await
         }
         Command::Status { key, json } => status::status(&config, &key, json).await,
         Command::Conformance { json } => conformance::conformance(&config, json).await,

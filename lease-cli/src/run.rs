@@ -6,14 +6,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leases::{
-    AcquireOptions, GuardConfig, LeaseError, LeaseGuard, LeaseKey, Store, StoreConfig, acquire,
-    end_after_min_hold,
+    AcquireOptions, GuardConfig, LeaseError, LeaseGuard, LeaseKey, LeaseSetGuard, Store,
+    StoreConfig, acquire, acquire_all, end_after_min_hold,
 };
 
 use crate::exit::{
     EXIT_LOST, EXIT_NOT_ACQUIRED, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_SUPERVISOR, EXIT_USAGE,
     FLUSH_LIMIT, describe, error_code, fail,
 };
+use crate::held::{Held, describe_keys, environment};
 use crate::status::held_by;
 use crate::store::shared_store;
 use crate::supervise;
@@ -102,7 +103,7 @@ async fn claim_slot(
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn run(
     config: &StoreConfig,
-    key: &str,
+    keys: &[String],
     options: AcquireOptions,
     min_hold: Duration,
     grace: Duration,
@@ -116,25 +117,50 @@ pub(crate) async fn run(
         Ok(c) => c,
         Err(e) => return fail(EXIT_USAGE, describe(&e)),
     };
-    let (provider, key) = match shared_store(config).and_then(|p| Ok((p, LeaseKey::new(key)?))) {
+    let parsed = keys
+        .iter()
+        .map(LeaseKey::new)
+        .collect::<Result<Vec<_>, _>>();
+    let (provider, keys) = match shared_store(config).and_then(|p| Ok((p, parsed?))) {
         Ok(v) => v,
         Err(e) => return fail(error_code(&e), describe(&e)),
     };
+    let Some(key) = keys.first().cloned() else {
+        return fail(EXIT_USAGE, "no --key given");
+    };
+    if keys.len() > 1 && (once.is_some() || !min_hold.is_zero()) {
+        return fail(
+            EXIT_USAGE,
+            "--once-per and --min-hold take one --key; several keys are held together only for the command's run",
+        );
+    }
     let ttl = options.ttl;
     if let Err(e) = provider.capabilities().grant_ttl(ttl) {
         return fail(EXIT_USAGE, describe(&e));
     }
-    let acquired = acquire(&provider, &key, options).await;
+    let acquired = if keys.len() == 1 {
+        acquire(&provider, &key, options)
+            .await
+            .map(|l| l.map(|l| vec![l]))
+    } else {
+        acquire_all(&provider, &keys, options).await
+    };
     if !matches!(acquired, Ok(Some(_))) {
         // An attempt that timed out may have left a cancel in flight.
         provider.flush(FLUSH_LIMIT).await;
     }
-    let lease = match acquired {
-        Ok(Some(lease)) => lease,
+    let leases = match acquired {
+        Ok(Some(leases)) => leases,
         Ok(None) => {
+            let mut held = Vec::new();
+            for k in &keys {
+                if provider.inspect(k).await.map_or(true, |i| i.is_some()) {
+                    held.push(held_by(&*provider, k).await);
+                }
+            }
             return fail(
                 EXIT_NOT_ACQUIRED,
-                format!("{}; not acquired", held_by(&*provider, &key).await),
+                format!("{}; not acquired", held.join("; ")),
             );
         }
         Err(e) => return fail(error_code(&e), describe(&e)),
@@ -153,19 +179,31 @@ pub(crate) async fn run(
         match claim_slot(claims, &key, slot, *keep).await {
             Ok(claim) => claimed = Some((claims, slot, claim)),
             Err((code, msg)) => {
-                let _ = provider.release(&lease).await;
+                let _ = leases::release_all(&*provider, &leases).await;
                 return fail(code, msg);
             }
         }
     }
-    let acquired_at = lease.sent_at();
-    let token = lease.token();
-    let guard = LeaseGuard::with_config(Arc::clone(&provider), lease, GuardConfig::default());
-    let env = [
-        ("LEASE_KEY", key.as_str().to_owned()),
-        ("LEASE_TOKEN", token.to_string()),
-        ("LEASE_HOLDER", guard.lease().holder().to_owned()),
-    ];
+    let acquired_at = leases
+        .iter()
+        .map(|l| l.sent_at())
+        .min()
+        .unwrap_or_else(tokio::time::Instant::now);
+    let what = describe_keys(&leases);
+    let owned_env = environment(&leases);
+    let env: Vec<(&str, String)> = owned_env
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.clone()))
+        .collect();
+    let guard = match <[_; 1]>::try_from(leases) {
+        Ok([lease]) => Held::One(LeaseGuard::with_config(
+            Arc::clone(&provider),
+            lease,
+            GuardConfig::default(),
+        )),
+        Err(leases) => Held::Set(LeaseSetGuard::new(Arc::clone(&provider), leases)),
+    };
+
     // Where the key is free the moment this process's session ends
     // (PostgreSQL's advisory mode), the supervisor gives the command no
     // grace when this process dies: SIGKILL at once, not at validity.
@@ -174,32 +212,27 @@ pub(crate) async fn run(
     } else {
         grace
     };
-    let mut supervisor = match supervise::Supervisor::spawn(
-        cmd,
-        &env,
-        grace,
-        grace_if_gone,
-        guard.lease().valid_until(),
-    ) {
-        Ok(s) => s,
-        Err(e) => {
-            // Nothing ran: the slot is not used up.
-            if let Some((claims, slot, claim)) = &claimed {
-                let _ = claims.unclaim(key.as_str(), slot, claim).await;
+    let mut supervisor =
+        match supervise::Supervisor::spawn(cmd, &env, grace, grace_if_gone, guard.valid_until()) {
+            Ok(s) => s,
+            Err(e) => {
+                // Nothing ran: the slot is not used up.
+                if let Some((claims, slot, claim)) = &claimed {
+                    let _ = claims.unclaim(key.as_str(), slot, claim).await;
+                }
+                let _ = guard.release().await;
+                return fail(EXIT_USAGE, format!("cannot start {:?}: {e}", cmd[0]));
             }
-            let _ = guard.release().await;
-            return fail(EXIT_USAGE, format!("cannot start {:?}: {e}", cmd[0]));
-        }
-    };
+        };
     // Tell the supervisor until when the lease is surely held, soon after each
     // renewal: within a tenth of the validity window.
-    let window = guard.lease().valid_until() - guard.lease().sent_at();
+    let window = guard.valid_until() - acquired_at;
     let mut tick = tokio::time::interval(
         (window / 10).clamp(Duration::from_millis(2), Duration::from_millis(100)),
     );
-    let mut told = guard.lease().valid_until();
-    let mut forward = move |supervisor: &mut supervise::Supervisor, guard: &LeaseGuard| {
-        let until = guard.lease().valid_until();
+    let mut told = guard.valid_until();
+    let mut forward = move |supervisor: &mut supervise::Supervisor, guard: &Held| {
+        let until = guard.valid_until();
         if until != told {
             told = until;
             supervisor.valid_until(until);
@@ -219,10 +252,10 @@ pub(crate) async fn run(
         tokio::select! {
             exit = supervisor.wait() => break exit,
             reason = guard.lost(), if stopping.is_none() => {
-                stopping = Some((EXIT_LOST, format!("lease on {key} (token {token}) lost: {reason}; stopping the command")));
+                stopping = Some((EXIT_LOST, format!("lease on {what} lost: {reason}; stopping the command")));
             }
             signal = signals.recv(), if stopping.is_none() => {
-                stopping = Some((128 + signal.1, format!("got {}; stopping the command and releasing {key}", signal.0)));
+                stopping = Some((128 + signal.1, format!("got {}; stopping the command and releasing {what}", signal.0)));
             }
             _ = tick.tick() => {
                 // Keep the renewals flowing, also while the command is stopping.
@@ -247,7 +280,7 @@ pub(crate) async fn run(
                 return left_to_expire(
                     guard,
                     format!(
-                        "processes the command started outlived it and did not die within {}, so {key} is left to expire",
+                        "processes the command started outlived it and did not die within {}, so {what} is left to expire",
                         humantime::format_duration(KILL_WAIT)
                     ),
                 )
@@ -271,7 +304,7 @@ pub(crate) async fn run(
                 return left_to_expire(
                     guard,
                     format!(
-                        "the supervisor of the command was killed by signal {sig}; the command's group did not die within {}, so {key} is left to expire",
+                        "the supervisor of the command was killed by signal {sig}; the command's group did not die within {}, so {what} is left to expire",
                         humantime::format_duration(KILL_WAIT)
                     ),
                 )
@@ -299,26 +332,32 @@ pub(crate) async fn run(
         return ExitCode::from(exit);
     }
     // Lost, or past local validity with the guard not yet told (lease was frozen).
-    if guard.is_lost() || tokio::time::Instant::now() >= guard.lease().valid_until() {
+    if guard.is_lost() || tokio::time::Instant::now() >= guard.valid_until() {
         let reason = guard
             .lost_reason()
             .map_or_else(|| "local validity ran out".to_string(), |r| r.to_string());
         return fail(
             EXIT_LOST,
             format!(
-                "lease on {key} (token {token}) was lost ({reason}) as the command finished with code {code}; its last writes may overlap another holder's"
+                "lease on {what} was lost ({reason}) as the command finished with code {code}; its last writes may overlap another holder's"
             ),
         );
     }
-    end_after_min_hold(&provider, guard, acquired_at, min_hold).await;
+    match guard {
+        Held::One(guard) => end_after_min_hold(&provider, guard, acquired_at, min_hold).await,
+        // Several keys take no minimum hold (refused above): give them back.
+        set @ Held::Set(_) => {
+            let _ = set.release().await;
+        }
+    }
     provider.flush(FLUSH_LIMIT).await;
     ExitCode::from(u8::try_from(code.clamp(0, 255)).unwrap_or(1))
 }
 
 /// Something of the command may still run: the lease is not released but
 /// left to expire on the store, so the key goes to nobody else meanwhile.
-async fn left_to_expire(guard: LeaseGuard, message: String) -> ExitCode {
-    let _ = guard.detach().await;
+async fn left_to_expire(guard: Held, message: String) -> ExitCode {
+    guard.detach().await;
     fail(EXIT_SUPERVISOR, message)
 }
 
