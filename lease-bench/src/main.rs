@@ -21,6 +21,7 @@ mod results;
 mod scale;
 mod sections;
 mod sessions;
+mod sets;
 mod stores;
 
 use std::path::PathBuf;
@@ -93,6 +94,9 @@ struct Opts {
     /// BENCHMARKS.md; see scripts/bench-scale).
     #[arg(long)]
     scale: bool,
+    /// Sets of keys against one key, per backend (docs/SETS.md).
+    #[arg(long)]
+    sets: bool,
     /// The numbers of tasks the scaling section runs.
     #[arg(long, value_delimiter = ',', default_value = "1,16,256")]
     tasks: Vec<usize>,
@@ -156,6 +160,14 @@ async fn main() {
             "lease-bench: wrote {}",
             opts.out.join("CLAIMS.md").display()
         );
+        return;
+    }
+    if opts.sets {
+        if let Err(e) = sets::run(&opts.backends, opts.smoke, &opts.out).await {
+            eprintln!("lease-bench: sets: {e}");
+            std::process::exit(1);
+        }
+        eprintln!("lease-bench: wrote {}", opts.out.join("SETS.md").display());
         return;
     }
     if opts.scale {

@@ -32,7 +32,9 @@ fn run(store: &str, keys: &[&str], extra: &[&str], script: &str) -> Command {
     for k in keys {
         c.args(["--key", k]);
     }
-    c.args(["--ttl", "30s"]).args(extra).args(["--", "sh", "-c", script]);
+    c.args(["--ttl", "30s"])
+        .args(extra)
+        .args(["--", "sh", "-c", script]);
     c
 }
 
@@ -50,7 +52,11 @@ fn wait_for_file(path: &Path, limit: Duration) -> String {
         {
             return s;
         }
-        assert!(Instant::now() < deadline, "{} never written", path.display());
+        assert!(
+            Instant::now() < deadline,
+            "{} never written",
+            path.display()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -75,7 +81,11 @@ fn a_run_holds_every_key_or_none_and_gets_each_token() {
     assert_eq!(&fields[1..3], ["a", "b"], "{seen}");
     assert_eq!(fields[4], "c/d", "{seen}");
     let (t1, t2): (u64, u64) = (fields[3].parse().unwrap(), fields[5].parse().unwrap());
-    assert_eq!(fields[6..9], ["a", "b", &t1.to_string()[..]], "LEASE_KEY/LEASE_TOKEN: the first key's");
+    assert_eq!(
+        fields[6..9],
+        ["a", "b", &t1.to_string()[..]],
+        "LEASE_KEY/LEASE_TOKEN: the first key's"
+    );
     assert!(t1 > 0 && t2 > 0);
 
     // A set overlapping on "c/d" is refused, says who holds it, and leaves
@@ -86,7 +96,11 @@ fn a_run_holds_every_key_or_none_and_gets_each_token() {
     let refused = String::from_utf8_lossy(&second.stderr);
     assert!(refused.contains("c/d is held by"), "{refused}");
     assert!(!refused.contains("free is held"), "{refused}");
-    assert_eq!(status(&store, "free"), Some(FREE), "a refused set left a key held");
+    assert_eq!(
+        status(&store, "free"),
+        Some(FREE),
+        "a refused set left a key held"
+    );
     assert_eq!(status(&store, "a b"), Some(0));
 
     // A minimum hold or once-per-slot takes one key: a usage error, nothing taken.
@@ -108,5 +122,8 @@ fn a_run_holds_every_key_or_none_and_gets_each_token() {
         .split_whitespace()
         .map(|t| t.parse().unwrap())
         .collect();
-    assert!(tokens[0] > t1 && tokens[1] > t2, "{tokens:?} after {t1} {t2}");
+    assert!(
+        tokens[0] > t1 && tokens[1] > t2,
+        "{tokens:?} after {t1} {t2}"
+    );
 }

@@ -11,9 +11,9 @@ use tokio::time::Instant;
 
 use crate::provider::{PostgresProvider, from_micros, micros};
 
-/// How often a set is tried again after a concurrent commit took one of its
-/// rows between the statement's snapshot and its row locks. Each run takes a
-/// fresh snapshot, which sees that commit, so one more run answers.
+/// How often a set is tried again after a concurrent commit inserted one of
+/// its rows after the statement's snapshot. Each run takes a fresh snapshot,
+/// which sees that commit, so one more run answers.
 const RACE_RETRIES: usize = 5;
 
 /// `division_by_zero`: the statement's abort when it won fewer rows than keys.
@@ -103,13 +103,12 @@ impl PostgresProvider {
                 }
             }
         }
-        Err(LeaseError::unavailable(
-            format!(
-                "a set of {} keys raced concurrent acquires {RACE_RETRIES} times",
-                keys.len()
-            ),
-            std::io::Error::other("contended set"),
-        ))
+        // Still racing new rows: answer the set as held for a moment, so a
+        // waiter tries again soon rather than reporting an outage.
+        Ok(TryAcquireAll::Held {
+            key: keys[0].clone(),
+            remaining: Some(Duration::from_millis(20)),
+        })
     }
 }
 

@@ -245,24 +245,39 @@ impl Statements {
                  SELECT false, l.token, {remaining} FROM {t} l
                   WHERE l.namespace = $1 AND l.key = $2 AND NOT EXISTS (SELECT 1 FROM won)"
             ),
-            // A set of keys in one statement: nothing when the snapshot shows
-            // one held (that key is answered); otherwise every row, taken in
-            // key order so two sets lock their rows in the same order. A row
-            // taken by a concurrent commit after the snapshot is left alone
-            // by ON CONFLICT's recheck; then fewer rows than keys were won,
-            // and the division by zero aborts the statement, undoing the
-            // rest (the caller runs it again on a fresh snapshot). The division
-            // is in the output, evaluated per won row: in a WHERE clause that
-            // names no column of the row the planner runs it once up front,
-            // even when no row was won.
+            // A set of keys in one statement. Its existing rows are locked
+            // first, in key order, skipping rows another transaction has
+            // locked (an open fenced transaction, an acquire in flight): such
+            // a row answers as held for a moment (20 ms), so the statement
+            // never waits while holding the set's other rows. A live holder
+            // in the snapshot answers as held with its remaining time. Else
+            // every row is taken in key order. A row first inserted by a
+            // concurrent commit after the snapshot is left alone by ON
+            // CONFLICT's recheck; then fewer rows than keys were won, and the
+            // division by zero aborts the statement, undoing the rest (the
+            // caller runs it again on a fresh snapshot). The division is in
+            // the output, evaluated per won row: in a WHERE clause that names
+            // no column of the row the planner runs it once up front.
             acquire_all: format!(
                 "WITH want AS (
                     SELECT w.key, w.owner FROM unnest($2::text[], $3::text[]) AS w(key, owner)
                  ),
+                 present AS MATERIALIZED (
+                    SELECT l.key, l.owner, l.expires_at FROM {t} l
+                     WHERE l.namespace = $1 AND l.key = ANY($2::text[])
+                 ),
+                 locked AS MATERIALIZED (
+                    SELECT l.key FROM {t} l
+                     WHERE l.namespace = $1 AND l.key = ANY($2::text[])
+                     ORDER BY l.key FOR UPDATE SKIP LOCKED
+                 ),
                  held AS (
-                    SELECT l.key, {remaining} AS remaining FROM {t} l JOIN want w ON l.key = w.key
-                     WHERE l.namespace = $1 AND l.owner IS NOT NULL AND l.expires_at > clock_timestamp()
-                     ORDER BY l.key LIMIT 1
+                    SELECT l.key, {remaining} AS remaining FROM present l
+                     WHERE l.owner IS NOT NULL AND l.expires_at > clock_timestamp()
+                    UNION ALL
+                    SELECT l.key, 20000::bigint FROM present l
+                     WHERE NOT EXISTS (SELECT 1 FROM locked k WHERE k.key = l.key)
+                    ORDER BY 2 DESC, 1 LIMIT 1
                  ),
                  won AS (
                     INSERT INTO {t} AS l (namespace, key, owner, token, expires_at, holder)
