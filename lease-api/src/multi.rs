@@ -16,7 +16,9 @@ use crate::{AcquireOptions, Lease, LeaseError, LeaseKey, Result, TryAcquireAll};
 ///
 /// Returns one lease per key, in the order of `keys`, each with its own
 /// fencing token; `Ok(None)` when the wait ran out with a key still held,
-/// and then no key is held by this call. Each attempt is one
+/// and then no key is held by this call (on a provider without one-step
+/// sets, unless a give-back of a partly taken set found the store down: see
+/// [`LeaseProvider::try_acquire_all`]). Each attempt is one
 /// [`LeaseProvider::try_acquire_all`]: one atomic store step where the
 /// provider declares [`MultiKey::atomic`](crate::backend::MultiKey::atomic),
 /// otherwise the keys in key order, with the taken ones given back on a miss.

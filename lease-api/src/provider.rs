@@ -38,8 +38,10 @@ pub trait LeaseProvider: Send + Sync + fmt::Debug {
     ///
     /// The default takes the keys one after another in key order and gives
     /// back the ones it took when a later key is held or the store fails, so
-    /// no two callers deadlock and no set stays half held; others may see
-    /// its first keys held for a moment. Backends whose store can decide the
+    /// no two callers deadlock; others may see its first keys held for a
+    /// moment. The give-back is one release per key: one the store does not
+    /// answer (it went down between the acquire and the release) leaves that
+    /// key held until its TTL, and is logged. Backends whose store can decide the
     /// set in one atomic step override it and declare
     /// [`MultiKey::atomic`](crate::backend::MultiKey::atomic) in
     /// [`Capabilities::multi_key`].

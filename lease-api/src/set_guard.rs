@@ -224,6 +224,16 @@ impl Drop for FireUnlessStopped {
     }
 }
 
+/// Gives back what is left of a lost set: the leases whose renewals still
+/// went through would otherwise keep their keys for up to another TTL after
+/// the job stopped. Each release compares owner and token, so a key taken
+/// over meanwhile is left alone.
+async fn give_back(provider: &dyn LeaseProvider, leases: &[Lease]) {
+    if let Err(e) = crate::release_all(provider, leases).await {
+        tracing::debug!(error = %e, "could not give back the rest of a lost lease set");
+    }
+}
+
 async fn renew_set(
     provider: Arc<dyn LeaseProvider>,
     state: Arc<SetState>,
@@ -277,12 +287,14 @@ async fn renew_set(
             };
             if Instant::now() >= deadline {
                 fire(expired(last_error));
+                give_back(&*provider, &current).await;
                 return;
             }
             let answers = tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = sleep_until(deadline) => {
                     fire(expired(last_error));
+                    give_back(&*provider, &current).await;
                     return;
                 }
                 answers = provider.extend_many(&current) => answers,
@@ -312,9 +324,7 @@ async fn renew_set(
                             .filter(|(_, lost)| !lost)
                             .map(|(lease, _)| lease)
                             .collect();
-                        if let Err(e) = crate::release_all(&*provider, &rest).await {
-                            tracing::debug!(error = %e, "could not give back the rest of a lost lease set");
-                        }
+                        give_back(&*provider, &rest).await;
                         return;
                     }
                 }
@@ -345,5 +355,83 @@ async fn renew_set(
                 _ = sleep_until(retry_at) => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::{Capabilities, LeaseInfo, LeaseKey, MemoryProvider, TryAcquire, TryAcquireAll};
+
+    /// Memory, except that the extends of key "b" fail (the store did not
+    /// answer for it) once `failing` is set; extend_many runs per lease.
+    #[derive(Debug, Default)]
+    struct PartlyFailing {
+        memory: MemoryProvider,
+        failing: AtomicBool,
+    }
+
+    #[async_trait]
+    impl LeaseProvider for PartlyFailing {
+        fn capabilities(&self) -> &Capabilities {
+            self.memory.capabilities()
+        }
+        fn namespace(&self) -> &str {
+            self.memory.namespace()
+        }
+        async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
+            self.memory.try_acquire(key, ttl).await
+        }
+        async fn try_acquire_all(&self, keys: &[LeaseKey], ttl: Duration) -> Result<TryAcquireAll> {
+            self.memory.try_acquire_all(keys, ttl).await
+        }
+        async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+            if self.failing.load(Ordering::SeqCst) && lease.key().as_str() == "b" {
+                return Err(LeaseError::timeout("extend", ttl));
+            }
+            self.memory.extend(lease, ttl).await
+        }
+        async fn release(&self, lease: &Lease) -> Result<()> {
+            self.memory.release(lease).await
+        }
+        async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>> {
+            self.memory.inspect(key).await
+        }
+    }
+
+    /// One key's renewals fail while the other's go through: the set is lost
+    /// before the failing key's validity ends, and the key that was still
+    /// being renewed is given back then, not a TTL later.
+    #[tokio::test(start_paused = true)]
+    async fn a_set_lost_by_failing_renewals_gives_back_the_keys_still_renewed() {
+        let p = Arc::new(PartlyFailing::default());
+        let keys = [LeaseKey::new("a").unwrap(), LeaseKey::new("b").unwrap()];
+        let ttl = Duration::from_secs(3);
+        let leases = p
+            .try_acquire_all(&keys, ttl)
+            .await
+            .unwrap()
+            .into_leases()
+            .unwrap();
+        let b_valid = leases[1].valid_until();
+        let guard = LeaseSetGuard::new(Arc::clone(&p) as Arc<dyn LeaseProvider>, leases);
+        p.failing.store(true, Ordering::SeqCst);
+        let reason = guard.lost().await;
+        assert!(matches!(reason, LostReason::Expired(_)), "{reason:?}");
+        assert!(Instant::now() < b_valid, "fired at or after b's validity");
+        // "a" was renewed moments ago; it must be free at once, long before its TTL.
+        let given_back_by = Instant::now() + Duration::from_millis(100);
+        while p.inspect(&keys[0]).await.unwrap().is_some() {
+            assert!(
+                Instant::now() < given_back_by,
+                "the renewed key was kept after the set was lost"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        drop(guard);
     }
 }

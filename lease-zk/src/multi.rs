@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use lease_api::backend::{OwnerId, validate_key_set};
 use lease_api::{LeaseKey, Result, TryAcquireAll};
 use tokio::time::Instant;
@@ -59,9 +60,10 @@ impl ZkProvider {
                 }
                 Err(ZkError::NoNode) => {
                     // A key's first acquire: its key node is made once.
-                    for p in &paths {
-                        self.ensure_key_node(&client, p).await?;
-                    }
+                    join_all(paths.iter().map(|p| self.ensure_key_node(&client, p)))
+                        .await
+                        .into_iter()
+                        .collect::<Result<Vec<()>>>()?;
                     judged = vec![None; keys.len()];
                     continue;
                 }
@@ -70,10 +72,11 @@ impl ZkProvider {
             }
             // Some holder is there (or moved on): judge each on the server's
             // clock, the holder and the epoch read together.
-            let mut read = Vec::with_capacity(keys.len());
-            for p in &paths {
-                read.push(self.read_holder_and_epoch(&client, p).await?);
-            }
+            // All at once: a large set costs one round trip here, not one per key.
+            let read = join_all(paths.iter().map(|p| self.read_holder_and_epoch(&client, p)))
+                .await
+                .into_iter()
+                .collect::<Result<Vec<_>>>()?;
             let now = self.shared_now(&client).await?;
             judged = vec![None; keys.len()];
             for (i, found) in read.into_iter().enumerate() {
