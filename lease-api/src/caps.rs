@@ -147,6 +147,11 @@ pub struct Capabilities {
     /// in key order with the taken ones given back on a miss; and how many
     /// keys one set may have.
     pub multi_key: MultiKey,
+    /// Whether the provider has read/write leases (C19):
+    /// [`try_acquire_read`](crate::LeaseProvider::try_acquire_read) and
+    /// [`try_acquire_write`](crate::LeaseProvider::try_acquire_write). Without
+    /// them both answer [`LeaseError::Config`].
+    pub shared_leases: bool,
 }
 
 /// How a provider takes a set of keys at once (C18).
@@ -280,6 +285,7 @@ impl Capabilities {
             failover_extension: None,
             failover: None,
             multi_key: MultiKey::in_key_order(),
+            shared_leases: false,
         }
     }
 
@@ -333,6 +339,12 @@ impl Capabilities {
     /// [`multi_key`](Self::multi_key)).
     pub fn with_multi_key(mut self, multi_key: MultiKey) -> Self {
         self.multi_key = multi_key;
+        self
+    }
+
+    /// Declares read/write leases (see [`shared_leases`](Self::shared_leases)).
+    pub fn with_shared_leases(mut self, shared: bool) -> Self {
+        self.shared_leases = shared;
         self
     }
 
@@ -424,6 +436,7 @@ mod tests {
             failover_extension: None,
             failover: None,
             multi_key: MultiKey::in_key_order(),
+            shared_leases: false,
         }
     }
 

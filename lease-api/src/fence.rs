@@ -75,6 +75,43 @@ impl FenceGate {
         Ok(write())
     }
 
+    /// Runs `read` for a reader of `key`'s read/write lease whose
+    /// [`writer_epoch`](crate::LeaseKind::Read) is `writer_epoch` (C19), unless
+    /// a newer writer has already written through this gate: such a reader
+    /// started before that writer and may read what it half wrote, or miss
+    /// it. Records nothing: readers never fence each other out.
+    ///
+    /// ```
+    /// # use lease_api::{FenceGate, FencingToken, LeaseKey};
+    /// let gate = FenceGate::new();
+    /// let key = LeaseKey::new("partitions")?;
+    /// gate.write(&key, FencingToken(7), || "compacted").unwrap();
+    /// // A reader that came after writer 7 reads; one from before it does not.
+    /// assert_eq!(gate.read(&key, FencingToken(7), || "rows"), Ok("rows"));
+    /// assert!(gate.read(&key, FencingToken(3), || "rows").is_err());
+    /// # Ok::<(), lease_api::LeaseError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`StaleToken`] when a writer newer than `writer_epoch` wrote; `read` does not run.
+    pub fn read<T>(
+        &self,
+        key: &LeaseKey,
+        writer_epoch: FencingToken,
+        read: impl FnOnce() -> T,
+    ) -> Result<T, StaleToken> {
+        if let Some(highest) = self.highest(key)
+            && writer_epoch < highest
+        {
+            return Err(StaleToken {
+                key: key.clone(),
+                presented: writer_epoch,
+                highest,
+            });
+        }
+        Ok(read())
+    }
+
     /// The highest token admitted for `key`, if any.
     pub fn highest(&self, key: &LeaseKey) -> Option<FencingToken> {
         self.highest

@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use tracing::Span;
 
+use crate::lease::OwnerId;
 use crate::queue::{Place, Ticket};
-use crate::{Lease, LeaseError, LeaseInfo, LeaseKey, Result, TryAcquire, TryAcquireAll};
+use crate::{Lease, LeaseError, LeaseInfo, LeaseKey, Result, RwInfo, TryAcquire, TryAcquireAll};
 
 /// One store operation on its way through a [`Layered`](crate::backend::Layered) provider, as its
 /// [`Hook`] sees it: which method, with its arguments.
@@ -35,6 +36,39 @@ pub enum Op<'a> {
         keys: &'a [LeaseKey],
         /// The TTL asked for.
         ttl: Duration,
+    },
+    /// [`LeaseProvider::try_acquire_read`](crate::LeaseProvider::try_acquire_read).
+    TryAcquireRead {
+        /// The key to read.
+        key: &'a LeaseKey,
+        /// The TTL asked for.
+        ttl: Duration,
+    },
+    /// [`LeaseProvider::try_acquire_write`](crate::LeaseProvider::try_acquire_write).
+    TryAcquireWrite {
+        /// The key to write.
+        key: &'a LeaseKey,
+        /// The TTL asked for.
+        ttl: Duration,
+        /// The waiting writer's id, if it waits.
+        waiting: Option<OwnerId>,
+    },
+    /// [`LeaseProvider::withdraw_writer`](crate::LeaseProvider::withdraw_writer).
+    WithdrawWriter {
+        /// The key waited for.
+        key: &'a LeaseKey,
+        /// The writer that gave up.
+        waiting: OwnerId,
+    },
+    /// [`LeaseProvider::inspect_rw`](crate::LeaseProvider::inspect_rw).
+    InspectRw {
+        /// The key looked at.
+        key: &'a LeaseKey,
+    },
+    /// [`LeaseProvider::watch_rw`](crate::LeaseProvider::watch_rw).
+    WatchRw {
+        /// The key to watch.
+        key: &'a LeaseKey,
     },
     /// [`LeaseProvider::extend`](crate::LeaseProvider::extend).
     Extend {
@@ -137,6 +171,11 @@ impl Op<'_> {
         match self {
             Op::TryAcquire { .. } => "try_acquire",
             Op::TryAcquireAll { .. } => "try_acquire_all",
+            Op::TryAcquireRead { .. } => "try_acquire_read",
+            Op::TryAcquireWrite { .. } => "try_acquire_write",
+            Op::WithdrawWriter { .. } => "withdraw_writer",
+            Op::InspectRw { .. } => "inspect_rw",
+            Op::WatchRw { .. } => "watch_rw",
             Op::Extend { .. } => "extend",
             Op::Release { .. } => "release",
             Op::Inspect { .. } => "inspect",
@@ -166,6 +205,8 @@ pub enum Answer<'a> {
     TryAcquire(&'a TryAcquire),
     /// The answer of a `try_acquire_all`.
     TryAcquireAll(&'a TryAcquireAll),
+    /// The answer of an `inspect_rw`.
+    RwHolders(&'a RwInfo),
     /// The lease an `extend` returned.
     Extended(&'a Lease),
     /// One answer per lease, in order: `extend_many` or a session's `renew`.

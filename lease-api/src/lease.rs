@@ -13,7 +13,7 @@ use crate::LeaseKey;
 ///
 /// Hand it to the resource the lease protects; the resource refuses writes whose
 /// token is lower than the highest it has seen (see [`FenceGate`](crate::FenceGate)).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct FencingToken(pub u64);
 
@@ -149,6 +149,32 @@ impl std::str::FromStr for LeaseHandle {
     }
 }
 
+/// What a lease holds its key as (C19): alone, the plain lease; or as one of
+/// a read/write lease's readers or its writer, a store object of its own
+/// beside the plain lease of the same key name.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum LeaseKind {
+    /// A plain lease: one holder, from [`LeaseProvider::try_acquire`](crate::LeaseProvider::try_acquire).
+    #[default]
+    Exclusive,
+    /// One of any number of readers of a read/write lease.
+    Read {
+        /// The token of the last writer that held the key before this
+        /// reader came (zero: none yet). A resource refuses the reader once a
+        /// newer writer has written ([`FenceGate::read`](crate::FenceGate::read)).
+        writer_epoch: FencingToken,
+    },
+    /// The one writer of a read/write lease: no reader holds the key meanwhile.
+    Write,
+}
+
+impl LeaseKind {
+    /// True for a reader.
+    pub fn is_read(self) -> bool {
+        matches!(self, LeaseKind::Read { .. })
+    }
+}
+
 /// One holder's claim on a key until its expiry.
 ///
 /// A lease is plain data: it holds no connection and does not renew itself. Use a
@@ -163,6 +189,7 @@ pub struct Lease {
     valid_until: Instant,
     handle: LeaseHandle,
     holder: Arc<str>,
+    kind: LeaseKind,
 }
 
 impl Lease {
@@ -188,6 +215,7 @@ impl Lease {
             valid_until,
             handle: LeaseHandle::None,
             holder: crate::holder(),
+            kind: LeaseKind::Exclusive,
         }
     }
 
@@ -215,6 +243,12 @@ impl Lease {
     /// ZooKeeper node version).
     pub fn with_handle(mut self, handle: LeaseHandle) -> Self {
         self.handle = handle;
+        self
+    }
+
+    /// Marks the lease as a reader or writer of a read/write lease.
+    pub fn with_kind(mut self, kind: LeaseKind) -> Self {
+        self.kind = kind;
         self
     }
 
@@ -275,6 +309,28 @@ impl Lease {
     pub fn holder(&self) -> &str {
         &self.holder
     }
+
+    /// Whether this is a plain lease, a reader or a writer (C19).
+    pub fn kind(&self) -> LeaseKind {
+        self.kind
+    }
+}
+
+/// What [`LeaseProvider::inspect_rw`](crate::LeaseProvider::inspect_rw)
+/// reports about a read/write lease (C19).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RwInfo {
+    /// The writer, if one holds the key.
+    pub writer: Option<LeaseInfo>,
+    /// The live readers.
+    pub readers: Vec<LeaseInfo>,
+    /// How many writers wait (each keeps new readers out until it is served
+    /// or its wait ends).
+    pub writers_waiting: usize,
+    /// The token of the last writer that held the key (zero: none yet): what
+    /// a reader taking the key now carries as its writer epoch.
+    pub writer_epoch: FencingToken,
 }
 
 /// What `inspect` reports about a held key (C13).

@@ -7,7 +7,7 @@
 //! works over any backend:
 //!
 //! - [`LeaseKey`], [`FencingToken`], [`Lease`], [`Capabilities`], [`LeaseError`]:
-//!   the vocabulary of the contract (clauses C1..C18, [below](#the-contract)).
+//!   the vocabulary of the contract (clauses C1..C19, [below](#the-contract)).
 //! - [`LeaseProvider`]: the object-safe trait a backend implements; one atomic
 //!   store step per method.
 //! - [`acquire`]: wait for a key with a time limit, woken by the store's
@@ -112,6 +112,16 @@
 //!   [`Capabilities::multi_key`]; elsewhere the keys are taken in key order
 //!   and given back on a miss. An empty set, a key named twice or too many
 //!   keys is [`LeaseError::Config`] and changes nothing.
+//! - **C19 read/write leases.** [`acquire_read`] and [`acquire_write`] take a
+//!   key's read/write lease (a store object beside its plain lease): any
+//!   number of readers or one writer, each a [`Lease`] of its own
+//!   [`LeaseKind`] with a TTL, renewed and released as any lease. A waiting
+//!   writer keeps new readers out; a crashed reader holds writers out only
+//!   until its TTL. Every writer's token is above every earlier reader's and
+//!   writer's of the key, and a reader carries the last writer's token, so
+//!   [`FenceGate::read`] refuses a reader from before a newer writer.
+//!   Declared by [`Capabilities::shared_leases`]; a provider without them
+//!   refuses with [`LeaseError::Config`].
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -131,12 +141,14 @@ mod key;
 mod layered;
 mod lease;
 mod memory;
+mod memory_rw;
 mod multi;
 mod observe;
 mod provider;
 mod queue;
 mod record;
 mod run;
+mod rw;
 mod semaphore;
 mod session;
 mod session_adapters;
@@ -163,12 +175,13 @@ pub use guard::{GuardConfig, LeaseGuard};
 pub use held::{HeldLease, LostReason};
 pub use holder::{holder, set_holder};
 pub use key::LeaseKey;
-pub use lease::{FencingToken, Lease, LeaseInfo, TryAcquire, TryAcquireAll};
+pub use lease::{FencingToken, Lease, LeaseInfo, LeaseKind, RwInfo, TryAcquire, TryAcquireAll};
 pub use memory::{MemoryProvider, MemoryStore};
 pub use multi::{acquire_all, release_all};
 pub use observe::Observed;
 pub use provider::LeaseProvider;
 pub use run::{LeaseContext, RunOptions, RunOutcome, end_after_min_hold, run_with_lease};
+pub use rw::{acquire_read, acquire_write};
 pub use session::{LeaseSession, SessionStats};
 pub use session_config::SessionConfig;
 pub use session_lease::SessionLease;

@@ -11,13 +11,14 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::key::validate_namespace;
-use crate::lease::OwnerId;
+use crate::lease::{LeaseKind, OwnerId};
+use crate::memory_rw::RwEntry;
 use crate::queue::{Place, Ticket, WaitQueue};
 use crate::watch::KeyWatch;
 use crate::watch::NotifyWatch;
 use crate::{
     Capabilities, ExpiryClock, FencingToken, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider,
-    Notifications, Result, TokenDurability, TryAcquire, TryAcquireAll,
+    Notifications, Result, RwInfo, TokenDurability, TryAcquire, TryAcquireAll,
 };
 
 /// The default namespace of every provider.
@@ -58,6 +59,7 @@ type Queue = BTreeMap<u64, Waiter>;
 struct State {
     entries: HashMap<(Arc<str>, LeaseKey), Entry>,
     queues: HashMap<(Arc<str>, LeaseKey), Queue>,
+    rw: HashMap<(Arc<str>, LeaseKey), RwEntry>,
     last_token: u64,
     last_ticket: u64,
     ops: u64,
@@ -72,6 +74,7 @@ impl State {
         }
         self.entries
             .retain(|_, e| e.live_holder(now).is_some() || Arc::strong_count(&e.notify) > 1);
+        self.rw.retain(|_, e| !e.is_idle(now));
         self.queues.retain(|_, q| {
             expire_tickets(q, now);
             !q.is_empty()
@@ -147,7 +150,16 @@ impl MemoryStore {
             }
             keep
         });
-        Ok(u64::try_from(before - state.entries.len()).unwrap_or(u64::MAX))
+        let rw_before = state.rw.len();
+        state.rw.retain(|(ns, _), e| {
+            let keep = !ns.starts_with(prefix);
+            if !keep {
+                e.notify.notify_waiters();
+            }
+            keep
+        });
+        let gone = (before - state.entries.len()) + (rw_before - state.rw.len());
+        Ok(u64::try_from(gone).unwrap_or(u64::MAX))
     }
 
     /// Marks the store as down (or up again). While down, every operation of
@@ -179,6 +191,7 @@ fn memory_capabilities() -> Capabilities {
     )
     .with_fair_waiting(true)
     .with_multi_key(crate::caps::MultiKey::atomic(crate::caps::DEFAULT_MAX_KEYS))
+    .with_shared_leases(true)
     .with_durable_tokens(TokenDurability::Volatile(
         "tokens live in process memory and start again at 1 in a new process".into(),
     ))
@@ -234,6 +247,12 @@ impl MemoryProvider {
         ttl: Duration,
         sent_at: Instant,
     ) -> Result<Lease> {
+        if lease.kind() != LeaseKind::Exclusive {
+            return match state.rw.get_mut(&self.entry_key(lease.key())) {
+                Some(e) => e.extend(lease, ttl, sent_at),
+                None => Err(LeaseError::lost(lease)),
+            };
+        }
         let holder = state
             .entries
             .get_mut(&self.entry_key(lease.key()))
@@ -360,6 +379,67 @@ impl LeaseProvider for MemoryProvider {
         Ok(TryAcquireAll::Acquired(leases))
     }
 
+    async fn try_acquire_read(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
+        let ttl = self.caps.grant_ttl(ttl)?;
+        let now = Instant::now();
+        let mut state = self.store.lock()?;
+        state.maybe_sweep(now);
+        let State { rw, last_token, .. } = &mut *state;
+        let entry = rw.entry(self.entry_key(key)).or_insert_with(RwEntry::new);
+        Ok(entry.read(key, ttl, now, crate::holder(), || {
+            *last_token += 1;
+            *last_token
+        }))
+    }
+
+    async fn try_acquire_write(
+        &self,
+        key: &LeaseKey,
+        ttl: Duration,
+        waiting: Option<OwnerId>,
+    ) -> Result<TryAcquire> {
+        let ttl = self.caps.grant_ttl(ttl)?;
+        let now = Instant::now();
+        let mut state = self.store.lock()?;
+        state.maybe_sweep(now);
+        let State { rw, last_token, .. } = &mut *state;
+        let entry = rw.entry(self.entry_key(key)).or_insert_with(RwEntry::new);
+        Ok(entry.write(key, ttl, now, (waiting, crate::holder()), || {
+            *last_token += 1;
+            *last_token
+        }))
+    }
+
+    async fn withdraw_writer(&self, key: &LeaseKey, waiting: OwnerId) -> Result<()> {
+        let mut state = self.store.lock()?;
+        if let Some(e) = state.rw.get_mut(&self.entry_key(key)) {
+            e.withdraw(waiting);
+        }
+        Ok(())
+    }
+
+    async fn inspect_rw(&self, key: &LeaseKey) -> Result<RwInfo> {
+        let now = Instant::now();
+        let mut state = self.store.lock()?;
+        Ok(state
+            .rw
+            .get_mut(&self.entry_key(key))
+            .map(|e| e.info(now))
+            .unwrap_or_default())
+    }
+
+    async fn watch_rw(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {
+        let notify = {
+            let mut state = self.store.lock()?;
+            let entry = state
+                .rw
+                .entry(self.entry_key(key))
+                .or_insert_with(RwEntry::new);
+            Arc::clone(&entry.notify)
+        };
+        Ok(Box::new(NotifyWatch::new(notify)))
+    }
+
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
         let ttl = self.caps.grant_ttl(ttl)?;
         let sent_at = Instant::now();
@@ -387,6 +467,12 @@ impl LeaseProvider for MemoryProvider {
     async fn release(&self, lease: &Lease) -> Result<()> {
         let now = Instant::now();
         let mut state = self.store.lock()?;
+        if lease.kind() != LeaseKind::Exclusive {
+            return match state.rw.get_mut(&self.entry_key(lease.key())) {
+                Some(e) => e.release(lease, now),
+                None => Err(LeaseError::not_held(lease)),
+            };
+        }
         let entry = state.entries.get_mut(&self.entry_key(lease.key()));
         match entry {
             Some(e)

@@ -57,6 +57,8 @@ fn traced<'a>(op: &Op<'a>) -> Option<(&'static str, &'a LeaseKey, Option<u64>)> 
     match *op {
         Op::TryAcquire { key, .. } => Some(("acquire", key, None)),
         Op::TryAcquireAll { keys, .. } => keys.first().map(|key| ("acquire_all", key, None)),
+        Op::TryAcquireRead { key, .. } => Some(("acquire_read", key, None)),
+        Op::TryAcquireWrite { key, .. } => Some(("acquire_write", key, None)),
         Op::Extend { lease, .. } => Some(("extend", lease.key(), Some(lease.token().get()))),
         Op::Release { lease } => Some(("release", lease.key(), Some(lease.token().get()))),
         Op::Inspect { key } => Some(("inspect", key, None)),

@@ -8,7 +8,10 @@ use async_trait::async_trait;
 
 use crate::watch::{KeyWatch, SleepWatch};
 
-use crate::{Capabilities, Lease, LeaseInfo, LeaseKey, Result, TryAcquire, TryAcquireAll};
+use crate::lease::OwnerId;
+use crate::{
+    Capabilities, Lease, LeaseError, LeaseInfo, LeaseKey, Result, RwInfo, TryAcquire, TryAcquireAll,
+};
 
 /// One store's implementation of the lease contract (C1..C17).
 ///
@@ -57,6 +60,77 @@ pub trait LeaseProvider: Send + Sync + fmt::Debug {
     /// store is unreachable (every key taken on the way is given back).
     async fn try_acquire_all(&self, keys: &[LeaseKey], ttl: Duration) -> Result<TryAcquireAll> {
         acquire_in_key_order(self, keys, ttl).await
+    }
+
+    /// Takes `key`'s read/write lease as one of its readers (C19), in one
+    /// atomic store step: granted when no writer holds the key and no writer
+    /// waits for it (a waiting writer keeps new readers out, so readers
+    /// cannot starve it). The lease's kind is [`LeaseKind::Read`](crate::LeaseKind::Read),
+    /// carrying the last writer's token; its own token is above that
+    /// writer's. Extend and release it as any lease. A read/write lease is a
+    /// store object of its own: the plain lease of the same key name is
+    /// another one.
+    ///
+    /// # Errors
+    /// `Config` when the provider has no read/write leases
+    /// ([`Capabilities::shared_leases`]); as [`try_acquire`](Self::try_acquire) otherwise.
+    async fn try_acquire_read(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
+        let _ = (key, ttl);
+        Err(no_shared_leases(self.capabilities()))
+    }
+
+    /// Takes `key`'s read/write lease as its writer (C19), in one atomic
+    /// store step: granted when no writer and no live reader holds the key.
+    /// Its token is above every earlier reader's and writer's of the key.
+    ///
+    /// `waiting` is the id of a writer that waits for the key
+    /// ([`acquire_write`](crate::acquire_write) makes one per call): while
+    /// the key is held, the attempt records that writer as waiting until
+    /// `ttl` from now (each attempt renews the record), which refuses new
+    /// readers; the attempt that takes the key removes the record. `None`:
+    /// a plain try, which records nothing.
+    ///
+    /// # Errors
+    /// As [`try_acquire_read`](Self::try_acquire_read).
+    async fn try_acquire_write(
+        &self,
+        key: &LeaseKey,
+        ttl: Duration,
+        waiting: Option<OwnerId>,
+    ) -> Result<TryAcquire> {
+        let _ = (key, ttl, waiting);
+        Err(no_shared_leases(self.capabilities()))
+    }
+
+    /// Ends the wait of writer `waiting` on `key` (it gave up): its record
+    /// no longer keeps readers out. Nothing to do for an unknown writer.
+    ///
+    /// # Errors
+    /// As [`try_acquire_read`](Self::try_acquire_read).
+    async fn withdraw_writer(&self, key: &LeaseKey, waiting: OwnerId) -> Result<()> {
+        let _ = (key, waiting);
+        Err(no_shared_leases(self.capabilities()))
+    }
+
+    /// The writer, the live readers and the waiting writers of `key`'s
+    /// read/write lease. Changes nothing.
+    ///
+    /// # Errors
+    /// As [`try_acquire_read`](Self::try_acquire_read).
+    async fn inspect_rw(&self, key: &LeaseKey) -> Result<RwInfo> {
+        let _ = key;
+        Err(no_shared_leases(self.capabilities()))
+    }
+
+    /// Starts watching `key`'s read/write lease for a change that may let a
+    /// waiting reader or writer in (a release), as [`watch`](Self::watch)
+    /// does for the plain lease. The default only sleeps.
+    ///
+    /// # Errors
+    /// The store's error setting the watch up.
+    async fn watch_rw(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {
+        let _ = key;
+        Ok(Box::new(SleepWatch))
     }
 
     /// Pushes the lease's expiry to store-now + `ttl`, keeping its token (C6).
@@ -212,4 +286,12 @@ pub async fn acquire_in_key_order<P: LeaseProvider + ?Sized>(
         }
     }
     miss
+}
+
+/// The error of a read/write lease operation on a provider without them.
+fn no_shared_leases(caps: &Capabilities) -> LeaseError {
+    LeaseError::Config(format!(
+        "the {} provider has no read/write leases (Capabilities::shared_leases is false)",
+        caps.backend
+    ))
 }

@@ -1,7 +1,7 @@
 //! # lease-conformance: one suite that proves a provider keeps the lease contract
 //!
 //! Every `lease` backend runs these cases, and so can you against your own
-//! deployment: they are the contract's table of contents (clauses C1..C18, as
+//! deployment: they are the contract's table of contents (clauses C1..C19, as
 //! listed in the [`lease_api`] crate docs). Each case is a named entry of [`CASES`],
 //! with the clause it proves and one sentence on what it checks;
 //! the names are stable public API.
@@ -347,6 +347,12 @@ macro_rules! __case_list {
             dropped_multi_acquire_leaks_no_key, "C18", "acquire_all futures dropped at any point, waiting or not, leave no key held";
             atomic_multi_key_is_never_seen_half_held, "C18", "a provider declaring atomic sets is never seen holding part of a set that another holder's key refuses";
             lease_set_renews_and_is_lost_together, "C18", "a LeaseSetGuard renews its keys across three TTLs; when one key ends, the set is lost and the other key given back";
+            rw_readers_share_and_a_writer_excludes, "C19", "three readers share a key, a writer is refused beside them and holds it alone after (the plain lease of the same name is another object); a provider without read/write leases refuses them with Config";
+            rw_tokens_follow_the_writer_rule, "C19", "a writer's token is above every earlier reader's and writer's; a reader carries the last writer's token, and the fence gate refuses a reader from before a newer writer";
+            rw_waiting_writer_keeps_new_readers_out, "C19", "a waiting writer refuses new readers, gets the key promptly when the last reader leaves, and withdraws its record when it gives up";
+            rw_crashed_reader_expires_for_the_writer, "C19", "a crashed reader holds a waiting writer out until its TTL, not longer, and the writer's token is above it";
+            rw_leases_renew_and_stale_handles_touch_nothing, "C19", "a guard renews a reader across three TTLs; a reader's handle passed as a writer's or a plain lease's (and a writer's as a reader's) touches nothing";
+            rw_dropped_waits_leave_nothing, "C19", "dropped waiting writers leave no record keeping readers out, and dropped acquires leave no lease";
         }
     };
 }

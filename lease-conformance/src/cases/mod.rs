@@ -17,6 +17,7 @@ mod keys;
 mod multi;
 mod ownership;
 mod recipes;
+mod rw;
 mod session;
 mod tokens;
 mod waiting;
@@ -27,8 +28,8 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use lease_api::backend::MAX_KEY_BYTES;
 use lease_api::{
-    AcquireOptions, FenceGate, GuardConfig, Lease, LeaseError, LeaseGuard, LeaseKey, LeaseProvider,
-    LostReason, RunOptions, RunOutcome, TryAcquire, acquire, run_with_lease,
+    AcquireOptions, FenceGate, FencingToken, GuardConfig, Lease, LeaseError, LeaseGuard, LeaseKey,
+    LeaseProvider, LostReason, RunOptions, RunOutcome, TryAcquire, acquire, run_with_lease,
 };
 use tokio::sync::Barrier;
 use tokio::time::{Instant, sleep, sleep_until};
@@ -120,6 +121,7 @@ use keys::*;
 use multi::*;
 use ownership::*;
 use recipes::*;
+use rw::*;
 use session::*;
 use tokens::*;
 use waiting::*;

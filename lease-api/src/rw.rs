@@ -1,0 +1,245 @@
+//! [`acquire_read`] and [`acquire_write`]: waiting for a read/write lease
+//! (C19), every attempt in a task of its own so a dropped waiter leaks no
+//! lease, and a waiting writer's record withdrawn when it gives up.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::lease::OwnerId;
+use crate::provider::LeaseProvider;
+use crate::watch::{KeyWatch, MAX_BLIND_WAIT, SleepWatch};
+use crate::{AcquireOptions, Lease, LeaseError, LeaseKey, Result, TryAcquire};
+
+/// Acquires `key`'s read/write lease as a reader, waiting up to
+/// `options.wait` while a writer holds it or waits for it (C19).
+///
+/// Any number of readers hold the key at once. A writer that waits keeps new
+/// readers out, so a stream of readers cannot starve it; a reader that
+/// crashed holds writers up only until its TTL. The lease carries the last
+/// writer's token as its [`writer_epoch`](crate::LeaseKind::Read), for
+/// [`FenceGate::read`](crate::FenceGate::read). Renew it with a
+/// [`LeaseGuard`](crate::LeaseGuard) and give it back with
+/// [`LeaseProvider::release`], as any lease.
+///
+/// ```
+/// # use std::{sync::Arc, time::Duration};
+/// # use lease_api::{acquire_read, acquire_write, AcquireOptions, LeaseKey, LeaseProvider, MemoryProvider};
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> lease_api::Result<()> {
+/// let provider: Arc<dyn LeaseProvider> = Arc::new(MemoryProvider::new());
+/// let key = LeaseKey::new("partitions/2026-12")?;
+/// let options = AcquireOptions::ttl(Duration::from_secs(30));
+/// let a = acquire_read(&provider, &key, options).await?.expect("no writer");
+/// let b = acquire_read(&provider, &key, options).await?.expect("readers share");
+/// assert!(acquire_write(&provider, &key, options).await?.is_none(), "readers hold it");
+/// provider.release(&a).await?;
+/// provider.release(&b).await?;
+/// let w = acquire_write(&provider, &key, options).await?.expect("free");
+/// assert!(w.token() > b.token());
+/// # provider.release(&w).await?;
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+/// `Config` for a provider without read/write leases or a
+/// [`fair`](AcquireOptions::fair) wait; otherwise as [`acquire`](crate::acquire).
+pub async fn acquire_read<P>(
+    provider: &Arc<P>,
+    key: &LeaseKey,
+    options: AcquireOptions,
+) -> Result<Option<Lease>>
+where
+    P: LeaseProvider + ?Sized + 'static,
+{
+    acquire_rw(provider, key, options, None).await
+}
+
+/// Acquires `key`'s read/write lease as its writer, waiting up to
+/// `options.wait` while readers or another writer hold it (C19).
+///
+/// While it waits, the writer is recorded in the store as waiting, which
+/// refuses new readers: the readers already in finish (or expire), and the
+/// writer goes next. The record lasts one TTL from each attempt and is
+/// withdrawn when the wait ends without the key (or this future is
+/// dropped), so a crashed waiting writer keeps readers out for one TTL at
+/// most. The writer's token is above every earlier reader's and writer's.
+///
+/// # Errors
+/// As [`acquire_read`].
+pub async fn acquire_write<P>(
+    provider: &Arc<P>,
+    key: &LeaseKey,
+    options: AcquireOptions,
+) -> Result<Option<Lease>>
+where
+    P: LeaseProvider + ?Sized + 'static,
+{
+    let waiting = (!options.wait.is_zero()).then(OwnerId::random);
+    let mut withdraw = Withdraw {
+        provider: Arc::clone(provider),
+        key: key.clone(),
+        waiting,
+    };
+    let result = acquire_rw(provider, key, options, Some(waiting)).await;
+    // Served: the winning attempt removed the record itself.
+    if matches!(result, Ok(Some(_))) {
+        withdraw.waiting = None;
+    }
+    result
+}
+
+/// Withdraws a waiting writer's record when its wait ends without the key,
+/// including when the waiting future is dropped.
+struct Withdraw<P: LeaseProvider + ?Sized + 'static> {
+    provider: Arc<P>,
+    key: LeaseKey,
+    waiting: Option<OwnerId>,
+}
+
+impl<P: LeaseProvider + ?Sized + 'static> Drop for Withdraw<P> {
+    fn drop(&mut self) {
+        let Some(id) = self.waiting.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (p, key) = (Arc::clone(&self.provider), self.key.clone());
+        runtime.spawn(async move {
+            if let Err(e) = p.withdraw_writer(&key, id).await {
+                tracing::debug!(key = %key, error = %e, "could not withdraw a waiting writer; its record ends with its TTL");
+            }
+        });
+    }
+}
+
+/// `writer`: `None` for a reader; `Some(waiting)` for a writer.
+async fn acquire_rw<P>(
+    provider: &Arc<P>,
+    key: &LeaseKey,
+    options: AcquireOptions,
+    writer: Option<Option<OwnerId>>,
+) -> Result<Option<Lease>>
+where
+    P: LeaseProvider + ?Sized + 'static,
+{
+    let AcquireOptions { ttl, wait, fair } = options;
+    if fair {
+        return Err(LeaseError::Config(
+            "read/write leases wait with writer preference; fair (queued) waiting is for plain leases"
+                .into(),
+        ));
+    }
+    if !provider.capabilities().shared_leases {
+        return Err(LeaseError::Config(format!(
+            "the {} provider has no read/write leases (Capabilities::shared_leases is false)",
+            provider.capabilities().backend
+        )));
+    }
+    let granted = provider.capabilities().grant_ttl(ttl)?;
+    let deadline = crate::time::deadline_in(wait);
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        // Registered before the try, so a release in between is not missed.
+        let mut watch: Option<Box<dyn KeyWatch>> = if wait.is_zero() {
+            None
+        } else {
+            Some(provider.watch_rw(key).await.unwrap_or_else(|e| {
+                tracing::debug!(key = %key, error = %e, "cannot watch the read/write lease; waiting by its holders' TTL");
+                Box::new(SleepWatch)
+            }))
+        };
+        let error = match attempt(provider, key, ttl, writer).await {
+            Ok(TryAcquire::Acquired(lease)) => return Ok(Some(lease)),
+            Ok(TryAcquire::Held { remaining }) => {
+                backoff = Duration::from_millis(50);
+                let now = Instant::now();
+                let Some(mut w) = watch.take().filter(|_| now < deadline) else {
+                    return Ok(None);
+                };
+                let mut nap = remaining
+                    .map(|r| r.saturating_add(Duration::from_millis(1)))
+                    .unwrap_or(MAX_BLIND_WAIT);
+                if writer.is_some() {
+                    // The waiting record lasts one TTL: renew it well before.
+                    nap = nap.min(granted / 2);
+                }
+                w.changed(nap.min(deadline - now)).await;
+                continue;
+            }
+            Err(e) => e,
+        };
+        let now = Instant::now();
+        if !error.is_transient() || now + backoff >= deadline {
+            return Err(error);
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(1));
+    }
+}
+
+/// One try in a task of its own: a lease won after the caller stopped
+/// listening is given back.
+async fn attempt<P>(
+    provider: &Arc<P>,
+    key: &LeaseKey,
+    ttl: Duration,
+    writer: Option<Option<OwnerId>>,
+) -> Result<TryAcquire>
+where
+    P: LeaseProvider + ?Sized + 'static,
+{
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (p, k) = (Arc::clone(provider), key.clone());
+    tokio::spawn(async move {
+        let outcome = match writer {
+            None => p.try_acquire_read(&k, ttl).await,
+            Some(waiting) => p.try_acquire_write(&k, ttl, waiting).await,
+        };
+        if let Err(Ok(TryAcquire::Acquired(lease))) = tx.send(outcome)
+            && let Err(e) = p.release(&lease).await
+        {
+            tracing::warn!(key = %lease.key(), error = %e, "could not release the lease of a dropped acquire");
+        }
+    });
+    let mut pending = Pending {
+        rx: Some(rx),
+        provider: Arc::clone(provider),
+    };
+    let answer = match pending.rx.as_mut() {
+        Some(rx) => rx.await,
+        None => return Err(LeaseError::protocol("no acquire in flight")),
+    };
+    pending.rx = None;
+    answer.unwrap_or_else(|_| {
+        Err(LeaseError::protocol(
+            "the acquire task ended without an answer (the runtime is shutting down)",
+        ))
+    })
+}
+
+/// An answer not yet taken, released when the caller's future is dropped
+/// between the task's send and the caller's next poll.
+struct Pending<P: LeaseProvider + ?Sized + 'static> {
+    rx: Option<tokio::sync::oneshot::Receiver<Result<TryAcquire>>>,
+    provider: Arc<P>,
+}
+
+impl<P: LeaseProvider + ?Sized + 'static> Drop for Pending<P> {
+    fn drop(&mut self) {
+        let Some(mut rx) = self.rx.take() else { return };
+        rx.close();
+        if let Ok(Ok(TryAcquire::Acquired(lease))) = rx.try_recv()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let p = Arc::clone(&self.provider);
+            runtime.spawn(async move {
+                if let Err(e) = p.release(&lease).await {
+                    tracing::warn!(key = %lease.key(), error = %e, "could not release the lease of a dropped acquire");
+                }
+            });
+        }
+    }
+}
