@@ -139,6 +139,7 @@ mod address;
 mod keys;
 mod node;
 mod redlock;
+mod rw_scripts;
 mod scripts;
 mod sentinel;
 mod single;

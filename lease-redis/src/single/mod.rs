@@ -20,6 +20,7 @@ mod multi;
 mod ops;
 mod probe;
 mod queue;
+mod rw;
 mod value;
 
 pub(crate) use batch::ExtendBatch;
@@ -110,6 +111,7 @@ impl RedisProvider {
         } else {
             base.with_multi_key(MultiKey::atomic(DEFAULT_MAX_KEYS))
         };
+        let base = base.with_shared_leases(true);
         Ok(RedisProvider {
             inner: Arc::new(Inner {
                 node,

@@ -6,8 +6,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lease_api::backend::{KeyWatch, OwnerId, WaitQueue};
 use lease_api::{
-    Capabilities, FencingToken, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Result,
-    TryAcquire, TryAcquireAll,
+    Capabilities, FencingToken, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseKind, LeaseProvider,
+    Result, RwInfo, TryAcquire, TryAcquireAll,
 };
 use redis::Value;
 use tokio::time::Instant;
@@ -92,7 +92,35 @@ impl LeaseProvider for RedisProvider {
         self.acquire_set(keys, ttl).await
     }
 
+    async fn try_acquire_read(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
+        self.read(key, ttl).await
+    }
+
+    async fn try_acquire_write(
+        &self,
+        key: &LeaseKey,
+        ttl: Duration,
+        waiting: Option<OwnerId>,
+    ) -> Result<TryAcquire> {
+        self.write(key, ttl, waiting).await
+    }
+
+    async fn withdraw_writer(&self, key: &LeaseKey, waiting: OwnerId) -> Result<()> {
+        self.withdraw(key, waiting).await
+    }
+
+    async fn inspect_rw(&self, key: &LeaseKey) -> Result<RwInfo> {
+        self.inspect_rw_lease(key).await
+    }
+
+    async fn watch_rw(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {
+        self.watch_rw_lease(key).await
+    }
+
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        if let Some(answer) = self.extend_rw(lease, ttl).await {
+            return answer;
+        }
         let ttl = self.capabilities().grant_ttl(ttl)?;
         let (lease_key, _) = self.keys(lease.key());
         let sent_at = Instant::now();
@@ -127,7 +155,8 @@ impl LeaseProvider for RedisProvider {
     /// One script call for the whole batch, compare-owner per key; on a
     /// Cluster one per lease, all at once, since a script touches one slot.
     async fn extend_many(&self, leases: &[Lease]) -> Result<Vec<Result<Lease>>> {
-        if self.inner.node.is_cluster() {
+        // Readers and writers live in their own hashes: each on its own.
+        if self.inner.node.is_cluster() || leases.iter().any(|l| l.kind() != LeaseKind::Exclusive) {
             // One script may touch one slot only: each lease on its own,
             // all at once (the cluster pipelines them per node).
             // Each answered on its own, as a batch of one would be.
@@ -183,6 +212,9 @@ impl LeaseProvider for RedisProvider {
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
+        if let Some(answer) = self.release_rw(lease).await {
+            return answer;
+        }
         let (lease_key, _) = self.keys(lease.key());
         let done: i64 = self
             .inner
