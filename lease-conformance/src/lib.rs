@@ -352,6 +352,7 @@ macro_rules! __case_list {
             rw_waiting_writer_keeps_new_readers_out, "C19", "a waiting writer refuses new readers, gets the key promptly when the last reader leaves, and withdraws its record when it gives up";
             rw_crashed_reader_expires_for_the_writer, "C19", "a crashed reader holds a waiting writer out until its TTL, not longer, and the writer's token is above it";
             rw_leases_renew_and_stale_handles_touch_nothing, "C19", "a guard renews a reader across three TTLs; a reader's handle passed as a writer's or a plain lease's (and a writer's as a reader's) touches nothing";
+            rw_concurrent_readers_and_writers_never_overlap, "C19", "12 tasks read and write one key, 6 rounds each, waiting: a writer never holds beside anyone, and writers' tokens grow in the order they held";
             rw_dropped_waits_leave_nothing, "C19", "dropped waiting writers leave no record keeping readers out, and dropped acquires leave no lease";
         }
     };

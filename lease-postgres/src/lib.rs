@@ -166,6 +166,8 @@ mod ops;
 mod probe;
 mod provider;
 mod queue;
+mod rw;
+mod rw_sql;
 mod sql;
 mod waiters;
 mod watch;

@@ -6,8 +6,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lease_api::backend::{KeyWatch, OwnerId, WaitQueue};
 use lease_api::{
-    Capabilities, FencingToken, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Result,
-    TryAcquire, TryAcquireAll,
+    Capabilities, FencingToken, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseKind, LeaseProvider,
+    Result, RwInfo, TryAcquire, TryAcquireAll,
 };
 use sqlx::Row;
 use tokio::time::Instant;
@@ -73,7 +73,38 @@ impl LeaseProvider for PostgresProvider {
         self.acquire_set(keys, ttl).await
     }
 
+    async fn try_acquire_read(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
+        self.read(key, ttl).await
+    }
+
+    async fn try_acquire_write(
+        &self,
+        key: &LeaseKey,
+        ttl: Duration,
+        waiting: Option<OwnerId>,
+    ) -> Result<TryAcquire> {
+        self.write(key, ttl, waiting).await
+    }
+
+    async fn withdraw_writer(&self, key: &LeaseKey, waiting: OwnerId) -> Result<()> {
+        self.withdraw(key, waiting).await
+    }
+
+    async fn inspect_rw(&self, key: &LeaseKey) -> Result<RwInfo> {
+        self.inspect_rw_lease(key).await
+    }
+
+    async fn watch_rw(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {
+        // As `watch`: registered before the listener is checked.
+        let watch = self.inner.hub.watch(&self.rw_wake(key));
+        self.ensure_listener().await?;
+        Ok(Box::new(watch))
+    }
+
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        if let Some(answer) = self.extend_rw(lease, ttl).await {
+            return answer;
+        }
         let ttl = self.capabilities().grant_ttl(ttl)?;
         self.ready().await?;
         let sent_at = Instant::now();
@@ -103,6 +134,13 @@ impl LeaseProvider for PostgresProvider {
     /// One `UPDATE ... FROM unnest(...)` for the whole batch, owner and
     /// token compared per row.
     async fn extend_many(&self, leases: &[Lease]) -> Result<Vec<Result<Lease>>> {
+        // Readers and writers live in their own rows: each on its own.
+        if leases.iter().any(|l| l.kind() != LeaseKind::Exclusive) {
+            return Ok(futures_util::future::join_all(
+                leases.iter().map(|l| self.extend(l, l.ttl())),
+            )
+            .await);
+        }
         let caps = self.capabilities();
         let ttls: Vec<Result<Duration>> = leases
             .iter()
@@ -171,6 +209,9 @@ impl LeaseProvider for PostgresProvider {
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
+        if let Some(answer) = self.release_rw(lease).await {
+            return answer;
+        }
         self.ready().await?;
         let token = token_i64(lease.token())?;
         let released = self

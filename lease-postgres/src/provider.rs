@@ -125,7 +125,8 @@ impl PostgresProvider {
         .with_ttl_limits(Duration::from_millis(10), DEFAULT_MAX_TTL)
         .with_expiry_slack(Duration::from_millis(5))
         .with_fair_waiting(true)
-        .with_multi_key(MultiKey::atomic(DEFAULT_MAX_KEYS));
+        .with_multi_key(MultiKey::atomic(DEFAULT_MAX_KEYS))
+        .with_shared_leases(true);
         Self::with_capabilities(config, base)
     }
 
@@ -315,6 +316,7 @@ impl PostgresProvider {
             sqlx::query(&sql.waiters.create_table)
                 .execute(&mut *tx)
                 .await?;
+            sqlx::query(&sql.rw.create_table).execute(&mut *tx).await?;
             let has_mark: bool = sqlx::query_scalar(&sql.waiters.has_mark)
                 .fetch_one(&mut *tx)
                 .await?;
@@ -395,7 +397,18 @@ impl PostgresProvider {
             .await
             .map(|d| d.rows_affected())
             .unwrap_or(0);
-        Ok(done.rows_affected() + waiters)
+        // Read/write leases; a table made before them has none.
+        let rw = self
+            .bounded(
+                "purge",
+                sqlx::query(&self.inner.sql.rw.purge)
+                    .bind(prefix)
+                    .execute(self.pool()?),
+            )
+            .await
+            .map(|d| d.rows_affected())
+            .unwrap_or(0);
+        Ok(done.rows_affected() + waiters + rw)
     }
 
     /// The servers, for connections of the modes built on this provider.

@@ -38,6 +38,8 @@ pub(crate) struct Statements {
     pub channel: String,
     /// The queue of fair waiters, beside the lease table.
     pub waiters: WaiterStatements,
+    /// Read/write leases, in `<table>_rw`.
+    pub rw: crate::rw_sql::RwStatements,
 }
 
 /// The statements of the fair waiters' table (`<table>_waiters`).
@@ -334,6 +336,7 @@ impl Statements {
             purge: format!("DELETE FROM {t} WHERE left(namespace, length($1)) = $1"),
             channel: channel_name(schema, table),
             waiters: WaiterStatements::new(schema, table),
+            rw: crate::rw_sql::RwStatements::new(schema, &bounded_name(table, "rw")),
         }
     }
 }

@@ -402,3 +402,91 @@ pub(super) async fn rw_dropped_waits_leave_nothing(ctx: Ctx) -> CaseResult {
     p.release(&w).await?;
     Ok(())
 }
+
+pub(super) async fn rw_concurrent_readers_and_writers_never_overlap(ctx: Ctx) -> CaseResult {
+    const TASKS: usize = 12;
+    const ROUNDS: usize = 6;
+    let p0 = ctx.provider().await?;
+    let key = ctx.key("rw")?;
+    if refuses_rw(&p0, &key).await? {
+        return Ok(());
+    }
+    let providers: Vec<Arc<dyn LeaseProvider>> = join_all((0..TASKS).map(|_| ctx.provider()))
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()?;
+    let ttl = long_ttl(&*p0);
+    // (readers, writers) holding now, as the tasks see it.
+    let holding = Arc::new(std::sync::Mutex::new((0usize, 0usize)));
+    let writer_tokens = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let barrier = Arc::new(Barrier::new(TASKS));
+    let tasks = providers.into_iter().enumerate().map(|(id, p)| {
+        let (key, holding, writer_tokens, barrier) = (
+            key.clone(),
+            Arc::clone(&holding),
+            Arc::clone(&writer_tokens),
+            Arc::clone(&barrier),
+        );
+        tokio::spawn(async move {
+            barrier.wait().await;
+            for round in 0..ROUNDS {
+                let write = (id + round) % 3 == 0;
+                let options = AcquireOptions::ttl(ttl).wait(Duration::from_secs(60));
+                let got = if write {
+                    acquire_write(&p, &key, options).await?
+                } else {
+                    acquire_read(&p, &key, options).await?
+                };
+                let Some(lease) = got else {
+                    return Err(CaseError(format!(
+                        "task {id} round {round}: nothing within 60 s"
+                    )));
+                };
+                {
+                    let mut h = holding.lock().unwrap_or_else(|e| e.into_inner());
+                    if write {
+                        if h.0 > 0 || h.1 > 0 {
+                            return Err(CaseError(format!(
+                                "a writer got in beside {} readers and {} writers",
+                                h.0, h.1
+                            )));
+                        }
+                        h.1 += 1;
+                        writer_tokens
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push(lease.token());
+                    } else {
+                        if h.1 > 0 {
+                            return Err(CaseError("a reader got in beside a writer".into()));
+                        }
+                        h.0 += 1;
+                    }
+                }
+                sleep(Duration::from_millis(2)).await;
+                {
+                    let mut h = holding.lock().unwrap_or_else(|e| e.into_inner());
+                    if write {
+                        h.1 -= 1;
+                    } else {
+                        h.0 -= 1;
+                    }
+                }
+                p.release(&lease).await?;
+            }
+            Ok::<(), CaseError>(())
+        })
+    });
+    for t in join_all(tasks).await {
+        t.map_err(|e| CaseError(format!("a task failed: {e}")))??;
+    }
+    let tokens = writer_tokens
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    check!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "writer tokens in the order writers held the key do not grow: {tokens:?}"
+    );
+    Ok(())
+}
