@@ -67,5 +67,6 @@
 mod multi;
 mod ops;
 mod provider;
+mod rw;
 
 pub use provider::{SqliteConfig, SqliteProvider};

@@ -7,8 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lease_api::backend::{KeyWatch, NotifyWatch, OwnerId};
 use lease_api::{
-    Capabilities, FencingToken, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Result,
-    TryAcquire, TryAcquireAll,
+    Capabilities, FencingToken, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseKind, LeaseProvider,
+    Result, RwInfo, TryAcquire, TryAcquireAll,
 };
 use sqlx::Row;
 use tokio::time::Instant;
@@ -117,7 +117,36 @@ impl LeaseProvider for SqliteProvider {
         self.acquire_set(keys, ttl).await
     }
 
+    async fn try_acquire_read(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
+        self.take_rw(key, ttl, None).await
+    }
+
+    async fn try_acquire_write(
+        &self,
+        key: &LeaseKey,
+        ttl: Duration,
+        waiting: Option<OwnerId>,
+    ) -> Result<TryAcquire> {
+        self.take_rw(key, ttl, Some(waiting)).await
+    }
+
+    async fn withdraw_writer(&self, key: &LeaseKey, waiting: OwnerId) -> Result<()> {
+        self.withdraw(key, waiting).await
+    }
+
+    async fn inspect_rw(&self, key: &LeaseKey) -> Result<RwInfo> {
+        self.inspect_rw_lease(key).await
+    }
+
+    async fn watch_rw(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {
+        // The key's bucket wakes on any release in it, plain or read/write.
+        self.watch(key).await
+    }
+
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        if let Some(answer) = self.touch_rw(lease, Some(ttl)).await {
+            return answer?.ok_or_else(|| LeaseError::protocol("an extend returned no lease"));
+        }
         let ttl = self.inner.caps.grant_ttl(ttl)?;
         let mut answers = self.extend_all(vec![(lease.clone(), ttl)]).await?;
         answers
@@ -127,6 +156,14 @@ impl LeaseProvider for SqliteProvider {
 
     /// Every lease of the batch in one transaction (one fsync).
     async fn extend_many(&self, leases: &[Lease]) -> Result<Vec<Result<Lease>>> {
+        // Readers and writers live in rows of their own: each on its own.
+        if leases.iter().any(|l| l.kind() != LeaseKind::Exclusive) {
+            let mut out = Vec::with_capacity(leases.len());
+            for l in leases {
+                out.push(self.extend(l, l.ttl()).await);
+            }
+            return Ok(out);
+        }
         let mut out = Vec::with_capacity(leases.len());
         let mut valid = Vec::new();
         let mut slots = Vec::with_capacity(leases.len());
@@ -156,6 +193,9 @@ impl LeaseProvider for SqliteProvider {
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
+        if let Some(answer) = self.touch_rw(lease, None).await {
+            return answer.map(|_| ());
+        }
         let sent = lease.clone();
         let released = self
             .write(move |this| async move {

@@ -170,6 +170,7 @@ impl SqliteProvider {
         )
         .with_ttl_limits(Duration::from_millis(10), DEFAULT_MAX_TTL)
         .with_multi_key(MultiKey::atomic(DEFAULT_MAX_KEYS))
+        .with_shared_leases(true)
         .with_ttl_granularity(Duration::from_millis(1))
         .with_expiry_slack(Duration::from_millis(5))
         .with_durable_tokens(TokenDurability::Durable(
@@ -257,6 +258,8 @@ impl SqliteProvider {
                         last INTEGER NOT NULL
                     )",
                     "INSERT OR IGNORE INTO lease_tokens (id, last) VALUES (1, 0)",
+                    crate::rw::CREATE[0],
+                    crate::rw::CREATE[1],
                 ] {
                     sqlx::query(sql)
                         .execute(&mut *tx)
@@ -441,8 +444,19 @@ impl SqliteProvider {
                     .execute(&mut *tx)
                     .await
                     .map_err(|e| this.map_err(e))?;
+            let mut gone = done.rows_affected();
+            for table in ["lease_rw", "lease_rw_epochs"] {
+                gone += sqlx::query(&format!(
+                    "DELETE FROM {table} WHERE substr(namespace, 1, length(?1)) = ?1"
+                ))
+                .bind(&prefix)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| this.map_err(e))?
+                .rows_affected();
+            }
             tx.commit().await.map_err(|e| this.map_err(e))?;
-            Ok(done.rows_affected())
+            Ok(gone)
         })
         .await
     }
