@@ -1,7 +1,7 @@
 //! What `lease run` holds while the command runs: one key's guard, or a set
 //! of keys renewed and lost together.
 
-use leases::{Lease, LeaseGuard, LeaseSetGuard, LostReason, Result};
+use leases::{Lease, LeaseGuard, LeaseKind, LeaseSetGuard, LostReason, Result};
 use tokio::time::Instant;
 
 /// One key, or every key of a set.
@@ -63,7 +63,7 @@ impl Held {
 }
 
 /// The environment a command gets: `LEASE_KEY`, `LEASE_TOKEN` (of the first
-/// key) and `LEASE_HOLDER`; with several keys also `LEASE_KEY_COUNT` and
+/// key) and `LEASE_HOLDER`; a reader also `LEASE_WRITER_EPOCH`; with several keys also `LEASE_KEY_COUNT` and
 /// `LEASE_KEY_<i>` / `LEASE_TOKEN_<i>` for i = 1..=count, in the order of
 /// the `--key` options (a key may hold any character, so no list is joined).
 pub(crate) fn environment(leases: &[Lease]) -> Vec<(String, String)> {
@@ -72,6 +72,9 @@ pub(crate) fn environment(leases: &[Lease]) -> Vec<(String, String)> {
         env.push(("LEASE_KEY".into(), first.key().as_str().to_owned()));
         env.push(("LEASE_TOKEN".into(), first.token().to_string()));
         env.push(("LEASE_HOLDER".into(), first.holder().to_owned()));
+        if let LeaseKind::Read { writer_epoch } = first.kind() {
+            env.push(("LEASE_WRITER_EPOCH".into(), writer_epoch.to_string()));
+        }
     }
     if leases.len() > 1 {
         env.push(("LEASE_KEY_COUNT".into(), leases.len().to_string()));

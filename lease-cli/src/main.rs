@@ -126,6 +126,8 @@ async fn async_main(cli: Cli) -> ExitCode {
             ttl,
             wait,
             fair,
+            shared,
+            writer,
             min_hold,
             grace,
             once_per,
@@ -137,7 +139,14 @@ async fn async_main(cli: Cli) -> ExitCode {
             if fair {
                 options = options.fair();
             }
-            run::run(&config, &keys, options, min_hold, grace, once, &cmd).await
+            let mode = if shared {
+                run::Mode::Read
+            } else if writer {
+                run::Mode::Write
+            } else {
+                run::Mode::Plain
+            };
+            run::run(&config, &keys, (options, mode), min_hold, grace, once, &cmd).await
         }
         Command::Status { key, json } => status::status(&config, &key, json).await,
         Command::Conformance { json } => conformance::conformance(&config, json).await,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use leases::{
     AcquireOptions, GuardConfig, LeaseError, LeaseGuard, LeaseKey, LeaseSetGuard, Store,
-    StoreConfig, acquire, acquire_all, end_after_min_hold,
+    StoreConfig, acquire, acquire_all, acquire_read, acquire_write, end_after_min_hold,
 };
 
 use crate::exit::{
@@ -104,7 +104,7 @@ async fn claim_slot(
 pub(crate) async fn run(
     config: &StoreConfig,
     keys: &[String],
-    options: AcquireOptions,
+    (options, mode): (AcquireOptions, Mode),
     min_hold: Duration,
     grace: Duration,
     once: Option<(String, Option<Duration>)>,
@@ -128,6 +128,12 @@ pub(crate) async fn run(
     let Some(key) = keys.first().cloned() else {
         return fail(EXIT_USAGE, "no --key given");
     };
+    if keys.len() > 1 && mode != Mode::Plain {
+        return fail(
+            EXIT_USAGE,
+            "--shared and --writer take one --key (a read/write lease is one key's)",
+        );
+    }
     if keys.len() > 1 && (once.is_some() || !min_hold.is_zero()) {
         return fail(
             EXIT_USAGE,
@@ -139,9 +145,12 @@ pub(crate) async fn run(
         return fail(EXIT_USAGE, describe(&e));
     }
     let acquired = if keys.len() == 1 {
-        acquire(&provider, &key, options)
-            .await
-            .map(|l| l.map(|l| vec![l]))
+        match mode {
+            Mode::Plain => acquire(&provider, &key, options).await,
+            Mode::Read => acquire_read(&provider, &key, options).await,
+            Mode::Write => acquire_write(&provider, &key, options).await,
+        }
+        .map(|l| l.map(|l| vec![l]))
     } else {
         acquire_all(&provider, &keys, options).await
     };
@@ -153,7 +162,10 @@ pub(crate) async fn run(
         Ok(Some(leases)) => leases,
         Ok(None) => {
             let mut held = Vec::new();
-            for k in &keys {
+            if mode != Mode::Plain {
+                held.push(rw_holders(&*provider, &key).await);
+            }
+            for k in keys.iter().filter(|_| mode == Mode::Plain) {
                 if provider.inspect(k).await.map_or(true, |i| i.is_some()) {
                     held.push(held_by(&*provider, k).await);
                 }
@@ -352,6 +364,36 @@ pub(crate) async fn run(
     }
     provider.flush(FLUSH_LIMIT).await;
     ExitCode::from(u8::try_from(code.clamp(0, 255)).unwrap_or(1))
+}
+
+/// Which lease `lease run` takes of its key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// The plain lease (the default).
+    Plain,
+    /// A reader of the key's read/write lease (`--shared`).
+    Read,
+    /// The writer of the key's read/write lease (`--writer`).
+    Write,
+}
+
+/// Who holds a key's read/write lease, for a refused run.
+async fn rw_holders(provider: &dyn leases::LeaseProvider, key: &LeaseKey) -> String {
+    match provider.inspect_rw(key).await {
+        Ok(i) => match &i.writer {
+            Some(w) => format!(
+                "{key} is held by writer {} (token {})",
+                w.holder.as_deref().unwrap_or("someone else"),
+                w.token
+            ),
+            None => format!(
+                "{key} is held by {} reader(s), {} writer(s) waiting",
+                i.readers.len(),
+                i.writers_waiting
+            ),
+        },
+        Err(_) => format!("{key} is held by someone else"),
+    }
 }
 
 /// Something of the command may still run: the lease is not released but
