@@ -42,7 +42,11 @@ fn wait_for_file(path: &Path) -> String {
         {
             return s;
         }
-        assert!(Instant::now() < deadline, "{} never written", path.display());
+        assert!(
+            Instant::now() < deadline,
+            "{} never written",
+            path.display()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -88,7 +92,11 @@ fn shared_runs_hold_a_key_together_and_a_writer_runs_alone() {
     assert_eq!(a.wait().unwrap().code(), Some(0));
     assert_eq!(b.wait().unwrap().code(), Some(0));
     // The writer runs now, with a token above both readers'.
-    let w = output(run(&store, &["--writer", "--wait", "10s"], "echo $LEASE_TOKEN"));
+    let w = output(run(
+        &store,
+        &["--writer", "--wait", "10s"],
+        "echo $LEASE_TOKEN",
+    ));
     assert_eq!(w.status.code(), Some(0), "{w:?}");
     let tw: u64 = String::from_utf8_lossy(&w.stdout).trim().parse().unwrap();
     assert!(tw > ta && tw > tb, "writer {tw} after readers {ta} {tb}");

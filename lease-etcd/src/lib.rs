@@ -133,6 +133,7 @@ mod multi;
 mod ops;
 mod provider;
 mod queue;
+mod rw;
 mod session;
 
 pub use config::{EtcdConfig, EtcdTls};

@@ -12,10 +12,10 @@ use etcd_client::{
     Compare, CompareOp, DeleteOptions, EventType, GetOptions, PutOptions, Txn, TxnOp,
     TxnOpResponse, WatchOptions, WatchStream,
 };
-use lease_api::backend::{KeyWatch, LeaseHandle, SessionStore, WaitQueue};
+use lease_api::backend::{KeyWatch, LeaseHandle, OwnerId, SessionStore, WaitQueue};
 use lease_api::{
     Capabilities, FencingToken, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Result,
-    TryAcquire, TryAcquireAll,
+    RwInfo, TryAcquire, TryAcquireAll,
 };
 use tokio::time::Instant;
 
@@ -67,7 +67,35 @@ impl LeaseProvider for EtcdProvider {
         self.acquire_set(keys, ttl).await
     }
 
+    async fn try_acquire_read(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
+        self.take_rw(key, ttl, None).await
+    }
+
+    async fn try_acquire_write(
+        &self,
+        key: &LeaseKey,
+        ttl: Duration,
+        waiting: Option<OwnerId>,
+    ) -> Result<TryAcquire> {
+        self.take_rw(key, ttl, Some(waiting)).await
+    }
+
+    async fn withdraw_writer(&self, key: &LeaseKey, waiting: OwnerId) -> Result<()> {
+        self.withdraw(key, waiting).await
+    }
+
+    async fn inspect_rw(&self, key: &LeaseKey) -> Result<RwInfo> {
+        self.inspect_rw_lease(key).await
+    }
+
+    async fn watch_rw(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {
+        self.watch_rw_lease(key).await
+    }
+
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        if let Some(answer) = self.extend_rw(lease, ttl).await {
+            return answer;
+        }
         let ttl = self.inner.caps.grant_ttl(ttl)?;
         let id = lease_id(lease);
         let lost = || LeaseError::lost(lease);
@@ -176,6 +204,9 @@ impl LeaseProvider for EtcdProvider {
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
+        if let Some(answer) = self.release_rw(lease).await {
+            return answer;
+        }
         let k = self.etcd_key(lease.key());
         let txn = Txn::new()
             .when(self.held_compares(lease))
@@ -270,12 +301,24 @@ impl LeaseProvider for EtcdProvider {
     }
 }
 
-struct EtcdWatch {
+pub(crate) struct EtcdWatch {
     stream: Option<WatchStream>,
     /// The key was found free as the watch started: report it at once.
     free: bool,
     key: String,
     seen_held: Arc<std::sync::Mutex<HashMap<String, SeenHeld>>>,
+}
+
+impl EtcdWatch {
+    /// A watch on `stream` (confirmed) of `key` or a prefix, started now.
+    pub(crate) fn new(stream: WatchStream, key: String, provider: &EtcdProvider) -> Self {
+        EtcdWatch {
+            stream: Some(stream),
+            free: false,
+            key,
+            seen_held: Arc::clone(&provider.inner.seen_held),
+        }
+    }
 }
 
 #[async_trait]

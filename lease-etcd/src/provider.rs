@@ -192,6 +192,7 @@ impl EtcdProvider {
         )
         .with_fair_waiting(true)
         .with_multi_key(MultiKey::atomic(DEFAULT_MAX_KEYS))
+        .with_shared_leases(true)
         .with_ttl_limits(Duration::from_secs(2), DEFAULT_MAX_TTL)
         .with_ttl_granularity(Duration::from_secs(1))
         // The lessor checks for expired leases every 500 ms and revokes
