@@ -135,6 +135,7 @@ mod provider;
 mod queue;
 mod rw;
 mod session;
+mod watch;
 
 pub use config::{EtcdConfig, EtcdTls};
 pub use provider::EtcdProvider;

@@ -1,16 +1,15 @@
 //! The lease operations of `EtcdProvider`: acquire, extend, release, inspect and watch.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::moves::MoveInFlight;
 use crate::provider::Unused;
-use crate::provider::{EtcdProvider, Fence, SeenHeld, lease_id, parse_value, revoke_if_own};
+use crate::provider::{EtcdProvider, Fence, lease_id, parse_value, revoke_if_own};
 use async_trait::async_trait;
 use etcd_client::{
-    Compare, CompareOp, DeleteOptions, EventType, GetOptions, PutOptions, Txn, TxnOp,
-    TxnOpResponse, WatchOptions, WatchStream,
+    Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
+    WatchOptions,
 };
 use lease_api::backend::{KeyWatch, LeaseHandle, OwnerId, SessionStore, WaitQueue};
 use lease_api::{
@@ -285,7 +284,7 @@ impl LeaseProvider for EtcdProvider {
                 found.count() == 0
             }
         };
-        Ok(Box::new(EtcdWatch {
+        Ok(Box::new(crate::watch::EtcdWatch {
             stream: Some(stream),
             free,
             key: k,
@@ -298,76 +297,5 @@ impl LeaseProvider for EtcdProvider {
     /// that came before it: a woken waiter's next step is its try alone.
     fn watch_reports_state(&self) -> bool {
         true
-    }
-}
-
-pub(crate) struct EtcdWatch {
-    stream: Option<WatchStream>,
-    /// The key was found free as the watch started: report it at once.
-    free: bool,
-    key: String,
-    seen_held: Arc<std::sync::Mutex<HashMap<String, SeenHeld>>>,
-}
-
-impl EtcdWatch {
-    /// A watch on `stream` (confirmed) of `key` or a prefix, started now.
-    pub(crate) fn new(stream: WatchStream, key: String, provider: &EtcdProvider) -> Self {
-        EtcdWatch {
-            stream: Some(stream),
-            free: false,
-            key,
-            seen_held: Arc::clone(&provider.inner.seen_held),
-        }
-    }
-}
-
-#[async_trait]
-impl KeyWatch for EtcdWatch {
-    async fn changed(&mut self, max: Duration) {
-        if std::mem::take(&mut self.free) {
-            return;
-        }
-        let Some(stream) = self.stream.as_mut() else {
-            tokio::time::sleep(max).await;
-            return;
-        };
-        let wait = async {
-            loop {
-                match stream.message().await {
-                    Ok(Some(resp)) => {
-                        if resp.canceled() {
-                            return false;
-                        }
-                        if resp
-                            .events()
-                            .iter()
-                            .any(|e| e.event_type() == EventType::Delete)
-                        {
-                            return true;
-                        }
-                    }
-                    // The stream ended or failed: tell the caller to retry.
-                    _ => return false,
-                }
-            }
-        };
-        match tokio::time::timeout(max, wait).await {
-            Ok(true) => {
-                // Deleted: the next try grants at once instead of reading first.
-                self.seen_held
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&self.key);
-            }
-            Err(_) => {}
-            Ok(false) => {
-                // Deletions may have been missed: forget what we saw.
-                self.seen_held
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&self.key);
-                self.stream = None;
-            }
-        }
     }
 }

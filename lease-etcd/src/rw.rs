@@ -345,6 +345,6 @@ impl EtcdProvider {
             })
             .await?;
         self.confirmed(&mut stream).await?;
-        Ok(Box::new(crate::ops::EtcdWatch::new(stream, p, self)))
+        Ok(Box::new(crate::watch::EtcdWatch::new(stream, p, self)))
     }
 }

@@ -68,5 +68,6 @@ mod multi;
 mod ops;
 mod provider;
 mod rw;
+mod schema;
 
 pub use provider::{SqliteConfig, SqliteProvider};

@@ -258,8 +258,8 @@ impl SqliteProvider {
                         last INTEGER NOT NULL
                     )",
                     "INSERT OR IGNORE INTO lease_tokens (id, last) VALUES (1, 0)",
-                    crate::rw::CREATE[0],
-                    crate::rw::CREATE[1],
+                    crate::schema::RW_TABLES[0],
+                    crate::schema::RW_TABLES[1],
                 ] {
                     sqlx::query(sql)
                         .execute(&mut *tx)

@@ -14,27 +14,6 @@ use tokio::time::Instant;
 
 use crate::provider::{SqliteProvider, host_now_ms, millis, token_i64};
 
-/// The tables, made with the lease table.
-pub(crate) const CREATE: [&str; 2] = [
-    "CREATE TABLE IF NOT EXISTS lease_rw (
-        namespace  TEXT    NOT NULL,
-        key        TEXT    NOT NULL,
-        role       TEXT    NOT NULL,
-        owner      TEXT    NOT NULL,
-        token      INTEGER NOT NULL,
-        expires_at INTEGER NOT NULL,
-        boot       TEXT    NOT NULL,
-        holder     TEXT    NULL,
-        PRIMARY KEY (namespace, key, role, owner)
-    ) WITHOUT ROWID",
-    "CREATE TABLE IF NOT EXISTS lease_rw_epochs (
-        namespace TEXT    NOT NULL,
-        key       TEXT    NOT NULL,
-        epoch     INTEGER NOT NULL,
-        PRIMARY KEY (namespace, key)
-    ) WITHOUT ROWID",
-];
-
 /// A row is live until its expiry, on this boot only (the clock is this
 /// boot's monotonic one).
 const LIVE: &str = "expires_at > ?3 AND boot = ?4";
