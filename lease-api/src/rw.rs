@@ -143,13 +143,25 @@ where
     let mut backoff = Duration::from_millis(50);
     loop {
         // Registered before the try, so a release in between is not missed.
+        // A writer's record lasts one TTL: setting up a watch may not take
+        // the time it needs to renew it.
         let mut watch: Option<Box<dyn KeyWatch>> = if wait.is_zero() {
             None
         } else {
-            Some(provider.watch_rw(key).await.unwrap_or_else(|e| {
-                tracing::debug!(key = %key, error = %e, "cannot watch the read/write lease; waiting by its holders' TTL");
-                Box::new(SleepWatch)
-            }))
+            let limit = if writer.is_some() {
+                granted / 2
+            } else {
+                Duration::MAX
+            };
+            let set_up = tokio::time::timeout(limit, provider.watch_rw(key)).await;
+            Some(match set_up {
+                Ok(Ok(w)) => w,
+                Ok(Err(e)) => {
+                    tracing::debug!(key = %key, error = %e, "cannot watch the read/write lease; waiting by its holders' TTL");
+                    Box::new(SleepWatch)
+                }
+                Err(_) => Box::new(SleepWatch),
+            })
         };
         let error = match attempt(provider, key, ttl, writer).await {
             Ok(TryAcquire::Acquired(lease)) => return Ok(Some(lease)),
@@ -177,6 +189,9 @@ where
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(1));
+        if writer.is_some() {
+            backoff = backoff.min(granted / 2);
+        }
     }
 }
 
@@ -198,10 +213,23 @@ where
             None => p.try_acquire_read(&k, ttl).await,
             Some(waiting) => p.try_acquire_write(&k, ttl, waiting).await,
         };
-        if let Err(Ok(TryAcquire::Acquired(lease))) = tx.send(outcome)
-            && let Err(e) = p.release(&lease).await
-        {
-            tracing::warn!(key = %lease.key(), error = %e, "could not release the lease of a dropped acquire");
+        match tx.send(outcome) {
+            Err(Ok(TryAcquire::Acquired(lease))) => {
+                if let Err(e) = p.release(&lease).await {
+                    tracing::warn!(key = %lease.key(), error = %e, "could not release the lease of a dropped acquire");
+                }
+            }
+            // Nobody listens any more, and this attempt may have recorded
+            // the writer as waiting after the drop's withdrawal ran: the
+            // attempt withdraws it itself, after it.
+            Err(_) => {
+                if let Some(Some(id)) = writer
+                    && let Err(e) = p.withdraw_writer(&k, id).await
+                {
+                    tracing::debug!(key = %k, error = %e, "could not withdraw a dropped writer; its record ends with its TTL");
+                }
+            }
+            Ok(()) => {}
         }
     });
     let mut pending = Pending {

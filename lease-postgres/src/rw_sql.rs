@@ -6,8 +6,14 @@
 //! committed version under its lock, so concurrent readers and writers of a
 //! key are decided one after another.
 
-/// The database clock in microseconds since the epoch.
-const NOW: &str = "(extract(epoch from clock_timestamp()) * 1000000)::bigint";
+/// The database clock in microseconds since the epoch, read once per
+/// statement: every part of one decision must see the same time, or an
+/// expiry falling between two readings splits it (a token kept by one SET
+/// clause while another hands the key over). The statement's start is
+/// never later than the lock wait it may do, so expiries it judges are
+/// judged early (the safe way) and one it grants starts no earlier than
+/// the client sent the request.
+const NOW: &str = "(extract(epoch from statement_timestamp()) * 1000000)::bigint";
 
 #[derive(Debug)]
 pub(crate) struct RwStatements {
@@ -95,7 +101,7 @@ impl RwStatements {
                     waiting = CASE WHEN {writer_free} OR $6::text = ''
                         THEN {live_waiting} - $6::text
                         ELSE {live_waiting} || jsonb_build_object($6::text, {NOW} + $4::bigint) END
-                 RETURNING coalesce(r.writer->>'o' = $3::text, false), r.token,
+                 RETURNING coalesce(r.writer->>'o' = $3::text, false), (r.writer->>'t')::bigint,
                     greatest((r.writer->>'x')::bigint,
                              (SELECT max((e.v->>'x')::bigint) FROM jsonb_each(r.readers) AS e(k, v))) - {NOW}"
             ),
