@@ -141,6 +141,7 @@ mod multi;
 mod ops;
 mod provider;
 mod queue;
+mod rw;
 mod session;
 mod watch;
 

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use lease_api::backend::{KeyWatch, LeaseHandle, OwnerId, SessionStore, WaitQueue};
 use lease_api::{
     Capabilities, FencingToken, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Result,
-    TryAcquire, TryAcquireAll,
+    RwInfo, TryAcquire, TryAcquireAll,
 };
 use tokio::time::Instant;
 use zookeeper_client::Error as ZkError;
@@ -254,7 +254,35 @@ impl LeaseProvider for ZkProvider {
         self.acquire_set(keys, ttl).await
     }
 
+    async fn try_acquire_read(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
+        self.take_rw(key, ttl, None).await
+    }
+
+    async fn try_acquire_write(
+        &self,
+        key: &LeaseKey,
+        ttl: Duration,
+        waiting: Option<OwnerId>,
+    ) -> Result<TryAcquire> {
+        self.take_rw(key, ttl, Some(waiting)).await
+    }
+
+    async fn withdraw_writer(&self, key: &LeaseKey, waiting: OwnerId) -> Result<()> {
+        self.withdraw(key, waiting).await
+    }
+
+    async fn inspect_rw(&self, key: &LeaseKey) -> Result<RwInfo> {
+        self.inspect_rw_lease(key).await
+    }
+
+    async fn watch_rw(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {
+        self.watch_rw_lease(key).await
+    }
+
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        if let Some(answer) = self.extend_rw(lease, ttl).await {
+            return answer;
+        }
         let extended = self.extend_once(lease, ttl).await;
         match &extended {
             Ok(renewed) => self.inner.issued.renewed(renewed),
@@ -271,6 +299,9 @@ impl LeaseProvider for ZkProvider {
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
+        if let Some(answer) = self.release_rw(lease).await {
+            return answer;
+        }
         let released = self.release_once(lease).await;
         // After a transient error the lease may still be held: a retry keeps
         // its fast path.

@@ -191,6 +191,7 @@ impl ZkProvider {
         )
         .with_fair_waiting(true)
         .with_multi_key(lease_api::backend::MultiKey::atomic(lease_api::backend::DEFAULT_MAX_KEYS))
+        .with_shared_leases(true)
         .with_ttl_limits(Duration::from_millis(100), DEFAULT_MAX_TTL)
         // Expiry is judged against a probe write's mtime: millisecond
         // timestamps of the leader's clock.
