@@ -126,6 +126,7 @@
 #![warn(missing_docs)]
 
 mod acquire;
+mod attempt;
 pub mod backend;
 mod caps;
 mod election;

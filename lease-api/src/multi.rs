@@ -164,54 +164,11 @@ async fn cancel_safe_try_acquire_all<P>(
 where
     P: LeaseProvider + ?Sized + 'static,
 {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let p = Arc::clone(provider);
-    let set = keys.to_vec();
-    tokio::spawn(async move {
-        let outcome = p.try_acquire_all(&set, ttl).await;
-        if let Err(Ok(TryAcquireAll::Acquired(leases))) = tx.send(outcome) {
-            give_back(&*p, &leases).await;
-        }
-    });
-    let mut pending = Pending {
-        rx: Some(rx),
-        provider: Arc::clone(provider),
-    };
-    let answer = match pending.rx.as_mut() {
-        Some(rx) => rx.await,
-        None => return Err(LeaseError::protocol("no acquire in flight")),
-    };
-    pending.rx = None;
-    match answer {
-        Ok(outcome) => outcome,
-        Err(_) => Err(LeaseError::protocol(
-            "the acquire task ended without an answer (the runtime is shutting down)",
-        )),
-    }
-}
-
-async fn give_back<P: LeaseProvider + ?Sized>(provider: &P, leases: &[Lease]) {
-    if let Err(e) = release_all(provider, leases).await {
-        tracing::warn!(error = %e, "could not give back a set won by a dropped acquire; its keys run out by their TTL");
-    }
-}
-
-/// The answer of an attempt not yet taken: dropped with the caller's
-/// future, it gives back a set that arrived already (see `wait::Pending`).
-struct Pending<P: LeaseProvider + ?Sized + 'static> {
-    rx: Option<tokio::sync::oneshot::Receiver<Result<TryAcquireAll>>>,
-    provider: Arc<P>,
-}
-
-impl<P: LeaseProvider + ?Sized + 'static> Drop for Pending<P> {
-    fn drop(&mut self) {
-        let Some(mut rx) = self.rx.take() else { return };
-        rx.close();
-        if let Ok(Ok(TryAcquireAll::Acquired(leases))) = rx.try_recv()
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
-            let p = Arc::clone(&self.provider);
-            runtime.spawn(async move { give_back(&*p, &leases).await });
-        }
-    }
+    let (p, set) = (Arc::clone(provider), keys.to_vec());
+    crate::attempt::in_own_task(
+        provider,
+        async move { p.try_acquire_all(&set, ttl).await },
+        None,
+    )
+    .await
 }

@@ -196,7 +196,9 @@ where
 }
 
 /// One try in a task of its own: a lease won after the caller stopped
-/// listening is given back.
+/// listening is given back; a writer's waiting record that attempt made is
+/// withdrawn after it (the drop's own withdrawal may have run before the
+/// attempt recorded it again).
 async fn attempt<P>(
     provider: &Arc<P>,
     key: &LeaseKey,
@@ -206,68 +208,29 @@ async fn attempt<P>(
 where
     P: LeaseProvider + ?Sized + 'static,
 {
-    let (tx, rx) = tokio::sync::oneshot::channel();
     let (p, k) = (Arc::clone(provider), key.clone());
-    tokio::spawn(async move {
-        let outcome = match writer {
-            None => p.try_acquire_read(&k, ttl).await,
-            Some(waiting) => p.try_acquire_write(&k, ttl, waiting).await,
-        };
-        match tx.send(outcome) {
-            Err(Ok(TryAcquire::Acquired(lease))) => {
-                if let Err(e) = p.release(&lease).await {
-                    tracing::warn!(key = %lease.key(), error = %e, "could not release the lease of a dropped acquire");
-                }
-            }
-            // Nobody listens any more, and this attempt may have recorded
-            // the writer as waiting after the drop's withdrawal ran: the
-            // attempt withdraws it itself, after it.
-            Err(_) => {
-                if let Some(Some(id)) = writer
-                    && let Err(e) = p.withdraw_writer(&k, id).await
-                {
-                    tracing::debug!(key = %k, error = %e, "could not withdraw a dropped writer; its record ends with its TTL");
-                }
-            }
-            Ok(()) => {}
+    let unheard: Option<crate::attempt::Unheard<P>> = match writer {
+        Some(Some(id)) => {
+            let k = key.clone();
+            Some(Box::new(move |p: Arc<P>| {
+                Box::pin(async move {
+                    if let Err(e) = p.withdraw_writer(&k, id).await {
+                        tracing::debug!(key = %k, error = %e, "could not withdraw a dropped writer; its record ends with its TTL");
+                    }
+                })
+            }))
         }
-    });
-    let mut pending = Pending {
-        rx: Some(rx),
-        provider: Arc::clone(provider),
+        _ => None,
     };
-    let answer = match pending.rx.as_mut() {
-        Some(rx) => rx.await,
-        None => return Err(LeaseError::protocol("no acquire in flight")),
-    };
-    pending.rx = None;
-    answer.unwrap_or_else(|_| {
-        Err(LeaseError::protocol(
-            "the acquire task ended without an answer (the runtime is shutting down)",
-        ))
-    })
-}
-
-/// An answer not yet taken, released when the caller's future is dropped
-/// between the task's send and the caller's next poll.
-struct Pending<P: LeaseProvider + ?Sized + 'static> {
-    rx: Option<tokio::sync::oneshot::Receiver<Result<TryAcquire>>>,
-    provider: Arc<P>,
-}
-
-impl<P: LeaseProvider + ?Sized + 'static> Drop for Pending<P> {
-    fn drop(&mut self) {
-        let Some(mut rx) = self.rx.take() else { return };
-        rx.close();
-        if let Ok(Ok(TryAcquire::Acquired(lease))) = rx.try_recv()
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
-            let p = Arc::clone(&self.provider);
-            runtime.spawn(async move {
-                if let Err(e) = p.release(&lease).await {
-                    tracing::warn!(key = %lease.key(), error = %e, "could not release the lease of a dropped acquire");
-                }
-            });
-        }
-    }
+    crate::attempt::in_own_task(
+        provider,
+        async move {
+            match writer {
+                None => p.try_acquire_read(&k, ttl).await,
+                Some(waiting) => p.try_acquire_write(&k, ttl, waiting).await,
+            }
+        },
+        unheard,
+    )
+    .await
 }

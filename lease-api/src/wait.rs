@@ -145,59 +145,6 @@ pub(crate) async fn cancel_safe_try_acquire<P>(
 where
     P: LeaseProvider + ?Sized + 'static,
 {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let p = Arc::clone(provider);
-    let k = key.clone();
-    tokio::spawn(async move {
-        let outcome = p.try_acquire(&k, ttl).await;
-        // The receiver is gone when the caller dropped its future: give the
-        // lease back instead of leaking it until its TTL.
-        if let Err(Ok(TryAcquire::Acquired(lease))) = tx.send(outcome)
-            && let Err(e) = p.release(&lease).await
-        {
-            tracing::warn!(key = %lease.key(), error = %e, "could not release the lease of a dropped acquire");
-        }
-    });
-    let mut pending = Pending {
-        rx: Some(rx),
-        provider: Arc::clone(provider),
-    };
-    let answer = match pending.rx.as_mut() {
-        Some(rx) => rx.await,
-        None => return Err(crate::LeaseError::protocol("no acquire in flight")),
-    };
-    pending.rx = None;
-    match answer {
-        Ok(outcome) => outcome,
-        Err(_) => Err(crate::LeaseError::protocol(
-            "the acquire task ended without an answer (the runtime is shutting down)",
-        )),
-    }
-}
-
-/// The answer of an acquire task not yet taken. Dropped with the caller's
-/// future, it closes the channel (so a later answer is released by the
-/// task) and releases an answer that arrived already: between the task's
-/// send and the caller's next poll, a won lease would otherwise sit in the
-/// channel, unreleased and unrenewed, until its TTL.
-struct Pending<P: LeaseProvider + ?Sized + 'static> {
-    rx: Option<tokio::sync::oneshot::Receiver<Result<TryAcquire>>>,
-    provider: Arc<P>,
-}
-
-impl<P: LeaseProvider + ?Sized + 'static> Drop for Pending<P> {
-    fn drop(&mut self) {
-        let Some(mut rx) = self.rx.take() else { return };
-        rx.close();
-        if let Ok(Ok(TryAcquire::Acquired(lease))) = rx.try_recv()
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
-            let p = Arc::clone(&self.provider);
-            runtime.spawn(async move {
-                if let Err(e) = p.release(&lease).await {
-                    tracing::warn!(key = %lease.key(), error = %e, "could not release the lease of a dropped acquire");
-                }
-            });
-        }
-    }
+    let (p, k) = (Arc::clone(provider), key.clone());
+    crate::attempt::in_own_task(provider, async move { p.try_acquire(&k, ttl).await }, None).await
 }
