@@ -50,58 +50,30 @@ impl LeaseProvider for SqliteProvider {
         let seen_key = key.as_str().to_owned();
         let key = key.clone();
         let sent_at = Instant::now();
-        let answer = self.write(move |this| async move {
-            let owner = OwnerId::random();
-            let holder = lease_api::holder();
-            let ns = this.inner.config.namespace.clone();
-            let mut tx = this.begin().await?;
-            // The write lock is held: the clock is read after it was granted.
-            let now = host_now_ms()?;
-            let row: Option<(Option<String>, Option<i64>, Option<String>)> = sqlx::query(
-                "SELECT owner, expires_at, boot FROM lease_leases WHERE namespace = ?1 AND key = ?2",
-            )
-            .bind(&ns)
-            .bind(key.as_str())
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(|e| this.map_err(e))?
-            .map(|r| (r.get(0), r.get(1), r.get(2)));
-            if let Some(remaining) = this.lease_row_live(&row, now) {
-                tx.rollback().await.map_err(|e| this.map_err(e))?;
-                return Ok(TryAcquire::Held {
-                    remaining: Some(Duration::from_millis(u64::try_from(remaining).unwrap_or(0))),
-                });
-            }
-            let token: i64 = sqlx::query("UPDATE lease_tokens SET last = last + 1 WHERE id = 1 RETURNING last")
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(|e| this.map_err(e))?
-                .get(0);
-            sqlx::query(
-                "INSERT INTO lease_leases (namespace, key, owner, token, expires_at, boot, holder)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
-                 ON CONFLICT (namespace, key) DO UPDATE SET owner = excluded.owner,
-                    token = excluded.token, expires_at = excluded.expires_at,
-                    boot = excluded.boot, holder = excluded.holder",
-            )
-            .bind(&ns)
-            .bind(key.as_str())
-            .bind(owner.to_hex())
-            .bind(token)
-            .bind(now.saturating_add(millis(ttl)))
-            .bind(&this.inner.boot)
-            .bind(&*holder)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| this.map_err(e))?;
-            tx.commit().await.map_err(|e| this.map_err(e))?;
-            let token = u64::try_from(token)
-                .map_err(|_| LeaseError::protocol(format!("negative token {token}")))?;
-            Ok(TryAcquire::Acquired(
-                Lease::new(key, FencingToken(token), owner, ttl, sent_at).with_holder(holder),
-            ))
-        })
-        .await;
+        let answer = self
+            .write(move |this| async move {
+                let owner = OwnerId::random();
+                let holder = lease_api::holder();
+                let mut tx = this.begin().await?;
+                // The write lock is held: the clock is read after it was granted.
+                let now = host_now_ms()?;
+                if let Some(remaining) = this.held_for(&mut tx, &key, now).await? {
+                    tx.rollback().await.map_err(|e| this.map_err(e))?;
+                    return Ok(TryAcquire::Held {
+                        remaining: Some(Duration::from_millis(
+                            u64::try_from(remaining).unwrap_or(0),
+                        )),
+                    });
+                }
+                let token = this
+                    .claim_row(&mut tx, &key, (owner, &holder), (now, ttl))
+                    .await?;
+                tx.commit().await.map_err(|e| this.map_err(e))?;
+                Ok(TryAcquire::Acquired(
+                    Lease::new(key, token, owner, ttl, sent_at).with_holder(holder),
+                ))
+            })
+            .await;
         if let Ok(TryAcquire::Held {
             remaining: Some(remaining),
         }) = &answer

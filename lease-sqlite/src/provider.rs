@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lease_api::backend::{
-    DEFAULT_MAX_KEYS, DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, MultiKey, validate_namespace,
+    DEFAULT_MAX_KEYS, DEFAULT_MAX_TTL, DEFAULT_NAMESPACE, MultiKey, OwnerId, validate_namespace,
 };
 use lease_api::{
     Capabilities, ExpiryClock, FencingToken, LeaseError, LeaseKey, Notifications, Result,
@@ -17,7 +17,7 @@ use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
-use sqlx::{Sqlite, Transaction};
+use sqlx::{Row, Sqlite, Transaction};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::{Notify, OnceCell};
 use tokio::time::Instant;
@@ -411,6 +411,63 @@ impl SqliteProvider {
             })
             .await
             .map(|_| ())
+    }
+
+    /// How long the lease row of `key` still runs, if it is held (read in
+    /// the write transaction `tx`, at `now`).
+    pub(crate) async fn held_for(
+        &self,
+        tx: &mut Transaction<'static, Sqlite>,
+        key: &LeaseKey,
+        now: i64,
+    ) -> Result<Option<i64>> {
+        let row: Option<(Option<String>, Option<i64>, Option<String>)> = sqlx::query(
+            "SELECT owner, expires_at, boot FROM lease_leases WHERE namespace = ?1 AND key = ?2",
+        )
+        .bind(&self.inner.config.namespace)
+        .bind(key.as_str())
+        .fetch_optional(&mut **tx)
+        .await
+        .map_err(|e| self.map_err(e))?
+        .map(|r| (r.get(0), r.get(1), r.get(2)));
+        Ok(self.lease_row_live(&row, now))
+    }
+
+    /// Writes `key`'s lease row for `owner` until `now + ttl`, with the next
+    /// token of the file's counter, in `tx`; returns the token.
+    pub(crate) async fn claim_row(
+        &self,
+        tx: &mut Transaction<'static, Sqlite>,
+        key: &LeaseKey,
+        (owner, holder): (OwnerId, &str),
+        (now, ttl): (i64, Duration),
+    ) -> Result<FencingToken> {
+        let token: i64 =
+            sqlx::query("UPDATE lease_tokens SET last = last + 1 WHERE id = 1 RETURNING last")
+                .fetch_one(&mut **tx)
+                .await
+                .map_err(|e| self.map_err(e))?
+                .get(0);
+        sqlx::query(
+            "INSERT INTO lease_leases (namespace, key, owner, token, expires_at, boot, holder)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+             ON CONFLICT (namespace, key) DO UPDATE SET owner = excluded.owner,
+                token = excluded.token, expires_at = excluded.expires_at,
+                boot = excluded.boot, holder = excluded.holder",
+        )
+        .bind(&self.inner.config.namespace)
+        .bind(key.as_str())
+        .bind(owner.to_hex())
+        .bind(token)
+        .bind(now.saturating_add(millis(ttl)))
+        .bind(&self.inner.boot)
+        .bind(holder)
+        .execute(&mut **tx)
+        .await
+        .map_err(|e| self.map_err(e))?;
+        u64::try_from(token)
+            .map(FencingToken)
+            .map_err(|_| LeaseError::protocol(format!("negative token {token}")))
     }
 
     pub(crate) fn lease_row_live(
