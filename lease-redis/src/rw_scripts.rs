@@ -45,12 +45,14 @@ fn script(body: &str) -> Script {
     Script::new(&format!("{PRELUDE}{body}"))
 }
 
-/// KEYS: hash, fence counter, writer epoch. ARGV: owner, ttl ms, label.
-/// Returns {1, token, writer epoch} when taken; {0, remaining ms, 0} while a
-/// writer holds the key or waits for it.
+/// KEYS: hash, fence counter, writer epoch, this owner's cancel tombstone.
+/// ARGV: owner, ttl ms, label. Returns {1, token, writer epoch} when taken;
+/// {0, remaining ms, 0} while a writer holds the key or waits for it;
+/// {0, -3, 0} when this owner's acquire was cancelled (see [`CANCEL`]).
 pub(crate) static READ: LazyLock<Script> = LazyLock::new(|| {
     script(
         r"
+if redis.call('EXISTS', KEYS[4]) == 1 then return {0, -3, 0} end
 if wexp then return {0, wexp - now, 0} end
 if qexp then return {0, qexp - now, 0} end
 local token = redis.call('INCR', KEYS[2])
@@ -63,13 +65,15 @@ return {1, token, tonumber(redis.call('GET', KEYS[3]) or '0')}
     )
 });
 
-/// KEYS: hash, fence counter, writer epoch. ARGV: owner, ttl ms, label,
-/// waiting writer's id ('' for none). Returns {1, token} when taken (the
-/// waiting record removed); {0, remaining ms} while readers or a writer
-/// hold the key, having recorded the waiting writer until ttl from now.
+/// KEYS: hash, fence counter, writer epoch, this owner's cancel tombstone.
+/// ARGV: owner, ttl ms, label, waiting writer's id ('' for none). Returns
+/// {1, token} when taken (the waiting record removed); {0, remaining ms}
+/// while readers or a writer hold the key, having recorded the waiting
+/// writer until ttl from now; {0, -3} when this owner's acquire was cancelled.
 pub(crate) static WRITE: LazyLock<Script> = LazyLock::new(|| {
     script(
         r"
+if redis.call('EXISTS', KEYS[4]) == 1 then return {0, -3} end
 local ttl = tonumber(ARGV[2])
 if busy > 0 then
   if ARGV[4] ~= '' then
@@ -146,6 +150,30 @@ if redis.call('HDEL', KEYS[1], 'q:' .. ARGV[1]) == 1 then
   pcall(redis.call, 'PUBLISH', ARGV[2], ARGV[3])
 end
 return 1
+",
+    )
+});
+
+/// Cancels one owner's read or write acquire whose outcome is unknown (it
+/// timed out, maybe queued in a frozen server). KEYS: hash, the owner's
+/// tombstone. ARGV: owner, tombstone ms, channel, wake message. Writes the
+/// tombstone, so the acquire refuses if it runs later, and removes the
+/// owner's reader or writer if it already ran. Returns 1 if one was removed.
+pub(crate) static CANCEL: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
+local gone = redis.call('HDEL', KEYS[1], 'r:' .. ARGV[1])
+local w = redis.call('HGET', KEYS[1], 'w')
+if w then
+  local rest = string.match(w, '^%d+:(.*)$')
+  if rest and string.find(rest, ARGV[1] .. ':', 1, true) == 1 then
+    redis.call('HDEL', KEYS[1], 'w')
+    gone = 1
+  end
+end
+if gone == 1 then pcall(redis.call, 'PUBLISH', ARGV[3], ARGV[4]) end
+return gone
 ",
     )
 });

@@ -11,7 +11,8 @@ use lease_api::{
 use tokio::time::Instant;
 
 use super::RedisProvider;
-use crate::rw_scripts::{EXTEND, INSPECT, READ, RELEASE, WITHDRAW, WRITE};
+use crate::keys::cancel_key;
+use crate::rw_scripts::{CANCEL, EXTEND, INSPECT, READ, RELEASE, WITHDRAW, WRITE};
 use crate::time::millis;
 
 /// The Redis names of a key's read/write lease: its hash, the fence counter
@@ -21,6 +22,8 @@ struct RwNames {
     hash: String,
     fence: String,
     epoch: String,
+    /// The lease key's name, whose tag the owners' tombstones share.
+    lease: String,
 }
 
 /// The hub name and wake message of a key's read/write lease: NUL cannot
@@ -46,6 +49,7 @@ impl RedisProvider {
             hash: format!("{tag}:rw"),
             epoch: format!("{tag}:rwepoch"),
             fence,
+            lease: lease.clone(),
         }
     }
 
@@ -78,13 +82,16 @@ impl RedisProvider {
         let holder = lease_api::holder();
         let (ttl_ms, hex) = (millis(ttl).to_string(), owner.to_hex());
         let sent_at = Instant::now();
-        let ((won, n1, epoch), acked): ((i64, i64, i64), u32) = self
+        let tomb = cancel_key(&n.lease, &hex);
+        let answer = self
             .rw_eval(
                 &READ,
-                &[&n.hash, &n.fence, &n.epoch],
+                &[&n.hash, &n.fence, &n.epoch, &tomb],
                 &[&hex, &ttl_ms, &holder],
             )
-            .await?;
+            .await;
+        let ((won, n1, epoch), acked): ((i64, i64, i64), u32) =
+            self.or_cancel(answer, key, (&n, owner, ttl))?;
         if won != 1 {
             return Ok(TryAcquire::Held {
                 remaining: u64::try_from(n1).ok().map(Duration::from_millis),
@@ -114,13 +121,16 @@ impl RedisProvider {
         let (ttl_ms, hex) = (millis(ttl).to_string(), owner.to_hex());
         let waiting = waiting.map(OwnerId::to_hex).unwrap_or_default();
         let sent_at = Instant::now();
-        let ((won, n1), acked): ((i64, i64), u32) = self
+        let tomb = cancel_key(&n.lease, &hex);
+        let answer = self
             .rw_eval(
                 &WRITE,
-                &[&n.hash, &n.fence, &n.epoch],
+                &[&n.hash, &n.fence, &n.epoch, &tomb],
                 &[&hex, &ttl_ms, &holder, &waiting],
             )
-            .await?;
+            .await;
+        let ((won, n1), acked): ((i64, i64), u32) =
+            self.or_cancel(answer, key, (&n, owner, ttl))?;
         if won != 1 {
             return Ok(TryAcquire::Held {
                 remaining: u64::try_from(n1).ok().map(Duration::from_millis),
@@ -130,6 +140,51 @@ impl RedisProvider {
             .with_holder(holder)
             .with_kind(LeaseKind::Write);
         self.replicated_or_given_back(lease, acked).await
+    }
+
+    /// The answer of a read or write script; when it is unknown (the call
+    /// timed out or the connection dropped: the script may still run, or
+    /// ran), the owner's acquire is cancelled in the background, as a plain
+    /// acquire's is, so no reader or writer nobody knows of is left.
+    fn or_cancel<T>(
+        &self,
+        answer: Result<T>,
+        key: &LeaseKey,
+        (n, owner, ttl): (&RwNames, OwnerId, Duration),
+    ) -> Result<T> {
+        let e = match answer {
+            Ok(v) => return Ok(v),
+            Err(e) => e,
+        };
+        if e.is_transient() {
+            let this = self.clone();
+            let (hash, tomb) = (n.hash.clone(), cancel_key(&n.lease, &owner.to_hex()));
+            let args = [
+                owner.to_hex(),
+                millis(ttl.max(Duration::from_secs(60))).to_string(),
+                self.inner.channel.clone(),
+                wake_name(key),
+            ];
+            self.inner.cleanups.spawn(async move {
+                let give_up = Instant::now() + Duration::from_secs(120);
+                let mut backoff = Duration::from_millis(100);
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                loop {
+                    match this.inner.node.eval::<i64>(&CANCEL, &[&hash, &tomb], &args).await {
+                        Ok(_) => return,
+                        Err(e) if Instant::now() >= give_up => {
+                            tracing::warn!(error = %e, "could not cancel a timed-out read/write acquire; if it ran, its lease runs out by its TTL");
+                            return;
+                        }
+                        Err(_) => {
+                            tokio::time::sleep(backoff).await;
+                            backoff = (backoff * 2).min(Duration::from_secs(5));
+                        }
+                    }
+                }
+            });
+        }
+        Err(e)
     }
 
     /// A lease too few replicas acknowledged is given back, as a plain
