@@ -17,8 +17,12 @@
 //!   the lease is lost, with an optional minimum hold for once-per-slot jobs.
 //! - [`LeaseSession`]: many leases of one process renewed by one loop in
 //!   batched store calls, each with its own token and lost signal.
+//! - [`acquire_all`] and [`LeaseSetGuard`]: every key of a set or none, renewed
+//!   and lost together (C18).
+//! - [`acquire_read`] and [`acquire_write`]: read/write leases, any number of
+//!   readers or one writer, with writer preference (C19).
 //! - [`FenceGate`]: the resource side of fencing: it refuses writes carrying a
-//!   token older than one it has already seen.
+//!   token older than one it has already seen, and reads from before a newer writer.
 //! - [`MemoryProvider`]: the whole contract in one process, on tokio time; the
 //!   embedded default and the reference for every other backend.
 //!
