@@ -66,7 +66,13 @@ async fn timed_out_read_write_acquires_on_a_frozen_server_leave_nothing() {
     assert!(checker.inspect_rw(&w).await.unwrap().writer.is_none());
     assert!(checker.inspect_rw(&r).await.unwrap().readers.is_empty());
     let reader = checker.try_acquire_read(&w, TTL).await.unwrap();
-    checker.release(&reader.into_lease().expect("no writer left")).await.unwrap();
+    checker
+        .release(&reader.into_lease().expect("no writer left"))
+        .await
+        .unwrap();
     let writer = checker.try_acquire_write(&r, TTL, None).await.unwrap();
-    checker.release(&writer.into_lease().expect("no reader left")).await.unwrap();
+    checker
+        .release(&writer.into_lease().expect("no reader left"))
+        .await
+        .unwrap();
 }
