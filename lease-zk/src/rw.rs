@@ -1,5 +1,5 @@
 //! Read/write leases on ZooKeeper (C19): under the key node, a persistent
-//! `rw` node whose children are the writer (`w`), the readers (`r-<owner>`)
+//! `rw` node whose children are the writer (`w-<owner>`), the readers (`r-<owner>`)
 //! and the waiting writers (`q-<id>`), all ephemeral, with `owner:ttl:label`
 //! data; and `rw-epoch`, rewritten by every writer, whose mzxid is the last
 //! writer's token. An acquire reads the children (expiry judged on the
@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_api::backend::{KeyWatch, OwnerId};
+use lease_api::backend::{KeyWatch, LeaseHandle, OwnerId};
 use lease_api::{
     FencingToken, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseKind, Result, RwInfo, TryAcquire,
 };
@@ -71,7 +71,7 @@ impl ZkProvider {
     fn rw_child(&self, lease: &Lease) -> Option<String> {
         let (rw, _) = self.rw_paths(lease.key());
         match lease.kind() {
-            LeaseKind::Write => Some(format!("{rw}/w")),
+            LeaseKind::Write => Some(format!("{rw}/w-{}", lease.owner().to_hex())),
             LeaseKind::Read { .. } => Some(format!("{rw}/r-{}", lease.owner().to_hex())),
             LeaseKind::Exclusive => None,
         }
@@ -189,7 +189,7 @@ impl ZkProvider {
                     }
                     (Some(_), None) => {}
                     (None, _) if writer.is_some() => {
-                        m.add_create(&format!("{rw}/w"), &data, &ephemeral)?;
+                        m.add_create(&format!("{rw}/w-{}", owner.to_hex()), &data, &ephemeral)?;
                         if state.epoch.is_some() {
                             m.add_set_data(&epoch_path, b"", None)?;
                         } else {
@@ -235,7 +235,7 @@ impl ZkProvider {
                     if busy.is_none() {
                         // The multi may still commit: remove our node if it did.
                         let mine = match writer {
-                            Some(_) => format!("{rw}/w"),
+                            Some(_) => format!("{rw}/w-{}", owner.to_hex()),
                             None => format!("{rw}/r-{}", owner.to_hex()),
                         };
                         self.remove_if_ours_in_background(
@@ -281,9 +281,12 @@ impl ZkProvider {
                     ),
                 },
             };
+            // The child's data version: extend and release check it, and
+            // only this owner ever creates a child of this name.
             let lease = Lease::new(key.clone(), FencingToken(token), owner, ttl, sent_at)
                 .with_holder(Arc::clone(&label))
-                .with_kind(kind);
+                .with_kind(kind)
+                .with_handle(LeaseHandle::ZkKeyVersion(0));
             return Ok(TryAcquire::Acquired(bounded_validity(
                 lease,
                 client.session_timeout(),
@@ -294,44 +297,30 @@ impl ZkProvider {
         })
     }
 
-    /// The child of `lease`, if it is still this lease's and alive on the
-    /// server's clock: its stat.
-    async fn rw_own(&self, client: &Client, path: &str, lease: &Lease) -> Result<Option<Stat>> {
-        let (data, stat) = match self.bounded("get", client.get_data(path)).await? {
-            Ok(v) => v,
-            Err(ZkError::NoNode) => return Ok(None),
-            Err(e) => return Err(self.map_err(e)),
-        };
-        let Some((owner, ttl, _)) = parse_holder(&data) else {
-            return Ok(None);
-        };
-        let token = i64::try_from(lease.token().get()).unwrap_or(-1);
-        if owner != lease.owner() || stat.czxid != token {
-            return Ok(None);
-        }
-        let now = self.shared_now(client).await?;
-        let until = stat.mtime + i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
-        Ok((until > now).then_some(stat))
-    }
-
-    /// Extend of a reader or writer; `None` for a plain lease.
+    /// Extend of a reader or writer; `None` for a plain lease. One
+    /// set-data at the child's version the lease carries: the child's name
+    /// holds the owner, so no other lease's node can match, and a child
+    /// another acquire removed (as expired) is gone, so a late extend cannot
+    /// revive it.
     pub(crate) async fn extend_rw(&self, lease: &Lease, ttl: Duration) -> Option<Result<Lease>> {
         let path = self.rw_child(lease)?;
         Some(
             async {
                 let ttl = self.caps().grant_ttl(ttl)?;
-                let client = self.client().await?;
-                let sent_at = Instant::now();
-                let Some(stat) = self.rw_own(&client, &path, lease).await? else {
+                let LeaseHandle::ZkKeyVersion(version) = lease.handle() else {
                     return Err(LeaseError::lost(lease));
                 };
+                let client = self.client().await?;
+                let sent_at = Instant::now();
                 let data = holder_data(lease.owner(), ttl, lease.holder());
                 match self
-                    .bounded("extend", client.set_data(&path, &data, Some(stat.version)))
+                    .bounded("extend", client.set_data(&path, &data, Some(version)))
                     .await?
                 {
-                    Ok(_) => Ok(bounded_validity(
-                        lease.renewed(ttl, sent_at),
+                    Ok(stat) => Ok(bounded_validity(
+                        lease
+                            .renewed(ttl, sent_at)
+                            .with_handle(LeaseHandle::ZkKeyVersion(stat.version)),
                         client.session_timeout(),
                     )),
                     Err(ZkError::BadVersion | ZkError::NoNode) => Err(LeaseError::lost(lease)),
@@ -348,25 +337,18 @@ impl ZkProvider {
         Some(self.remove_child(lease.key(), &path, Some(lease)).await)
     }
 
-    /// Deletes `path` (checked against `lease` when given) and bumps the
-    /// `rw` node, which wakes the watchers.
+    /// Deletes `path` (at the version `lease` carries, when given) and bumps
+    /// the `rw` node, which wakes the watchers.
     async fn remove_child(&self, key: &LeaseKey, path: &str, lease: Option<&Lease>) -> Result<()> {
         let client = self.client().await?;
-        let stat = match lease {
-            Some(l) => match self.rw_own(&client, path, l).await? {
-                Some(s) => s,
-                None => return Err(LeaseError::not_held(l)),
-            },
-            None => match self.bounded("get", client.get_data(path)).await? {
-                Ok((_, s)) => s,
-                Err(ZkError::NoNode) => return Ok(()),
-                Err(e) => return Err(self.map_err(e)),
-            },
+        let version = match lease.map(Lease::handle) {
+            Some(LeaseHandle::ZkKeyVersion(v)) => Some(v),
+            Some(_) => return lease.map_or(Ok(()), |l| Err(LeaseError::not_held(l))),
+            None => None,
         };
         let (rw, _) = self.rw_paths(key);
         let mut m = client.new_multi_writer();
-        m.add_delete(path, Some(stat.version))
-            .map_err(|e| self.map_err(e))?;
+        m.add_delete(path, version).map_err(|e| self.map_err(e))?;
         m.add_set_data(&rw, b"", None)
             .map_err(|e| self.map_err(e))?;
         match self

@@ -72,6 +72,24 @@ async fn info(p: &dyn LeaseProvider, key: &LeaseKey) -> Result<RwInfo, CaseError
     Ok(p.inspect_rw(key).await?)
 }
 
+/// What `p` sees of `key` once `want` holds, looking again for a while: a
+/// replicated store's member may serve a read before it applied another
+/// client's last write (ZooKeeper orders reads per session only).
+async fn info_until(
+    p: &dyn LeaseProvider,
+    key: &LeaseKey,
+    want: impl Fn(&RwInfo) -> bool,
+) -> Result<RwInfo, CaseError> {
+    let until = Instant::now() + TOLERANCE;
+    loop {
+        let seen = info(p, key).await?;
+        if want(&seen) || Instant::now() >= until {
+            return Ok(seen);
+        }
+        sleep(Duration::from_millis(20)).await;
+    }
+}
+
 pub(super) async fn rw_readers_share_and_a_writer_excludes(ctx: Ctx) -> CaseResult {
     let p = ctx.provider().await?;
     let key = ctx.key("rw")?;
@@ -84,7 +102,7 @@ pub(super) async fn rw_readers_share_and_a_writer_excludes(ctx: Ctx) -> CaseResu
     for o in &others {
         readers.push(must_read(&**o, &key, ttl).await?);
     }
-    let seen = info(&*p, &key).await?;
+    let seen = info_until(&*p, &key, |i| i.readers.len() == 3).await?;
     check!(
         seen.readers.len() == 3 && seen.writer.is_none(),
         "inspect_rw shows {seen:?}"
@@ -111,9 +129,11 @@ pub(super) async fn rw_readers_share_and_a_writer_excludes(ctx: Ctx) -> CaseResu
         !p.try_acquire_write(&key, ttl, None).await?.is_acquired(),
         "a second writer got the key"
     );
-    let seen = info(&*p, &key).await?;
+    let held_alone =
+        |i: &RwInfo| i.writer.as_ref().map(|x| x.token) == Some(w.token()) && i.readers.is_empty();
+    let seen = info_until(&*p, &key, held_alone).await?;
     check!(
-        seen.writer.as_ref().map(|w| w.token) == Some(w.token()) && seen.readers.is_empty(),
+        held_alone(&seen),
         "inspect_rw shows {seen:?} while writer {} holds",
         w.token()
     );
@@ -225,7 +245,10 @@ pub(super) async fn rw_waiting_writer_keeps_new_readers_out(ctx: Ctx) -> CaseRes
         at - released
     );
     check!(
-        info(&*p, &key).await?.writers_waiting == 0,
+        info_until(&*p, &key, |i| i.writers_waiting == 0)
+            .await?
+            .writers_waiting
+            == 0,
         "the served writer is still recorded as waiting"
     );
     writer_p.release(&w).await?;
