@@ -1,4 +1,6 @@
-//! `lease run --key a --key b`: every key or none, for the command's whole run.
+//! `lease run` on a local SQLite file: `--key a --key b` (every key or none,
+//! for the command's whole run) and `--shared` / `--writer` (a key's
+//! read/write lease).
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -34,6 +36,15 @@ fn run(store: &str, keys: &[&str], extra: &[&str], script: &str) -> Command {
     }
     c.args(["--ttl", "30s"])
         .args(extra)
+        .args(["--", "sh", "-c", script]);
+    c
+}
+
+/// A run of the key `partitions` in `mode` (`--shared`, `--writer` or none).
+fn run_rw(store: &str, mode: &[&str], script: &str) -> Command {
+    let mut c = lease(store);
+    c.args(["run", "--key", "partitions", "--ttl", "30s"])
+        .args(mode)
         .args(["--", "sh", "-c", script]);
     c
 }
@@ -126,4 +137,69 @@ fn a_run_holds_every_key_or_none_and_gets_each_token() {
         tokens[0] > t1 && tokens[1] > t2,
         "{tokens:?} after {t1} {t2}"
     );
+}
+
+#[test]
+fn shared_runs_hold_a_key_together_and_a_writer_runs_alone() {
+    let dir = TempDir::new("lease-cli-rw");
+    let store = format!("sqlite://{}", dir.path().join("l.db").display());
+    let done = dir.path().join("done");
+    let hold = |out: &Path| {
+        format!(
+            "echo $LEASE_TOKEN > {o}.tmp; mv {o}.tmp {o}; while [ ! -e {d} ]; do sleep 0.05; done",
+            o = out.display(),
+            d = done.display()
+        )
+    };
+    // Two readers at once.
+    let (a_out, b_out) = (dir.path().join("a"), dir.path().join("b"));
+    let mut a = run_rw(&store, &["--shared"], &hold(&a_out))
+        .spawn()
+        .unwrap();
+    let mut b = run_rw(&store, &["--shared"], &hold(&b_out))
+        .spawn()
+        .unwrap();
+    let (ta, tb): (u64, u64) = (
+        wait_for_file(&a_out, Duration::from_secs(20))
+            .trim()
+            .parse()
+            .unwrap(),
+        wait_for_file(&b_out, Duration::from_secs(20))
+            .trim()
+            .parse()
+            .unwrap(),
+    );
+    assert_ne!(ta, tb);
+    // A writer is refused while they hold, and says so.
+    let refused = output(run_rw(&store, &["--writer"], "echo SHOULD-NOT-RUN"));
+    assert_eq!(refused.status.code(), Some(NOT_ACQUIRED), "{refused:?}");
+    assert!(!String::from_utf8_lossy(&refused.stdout).contains("SHOULD-NOT-RUN"));
+    let says = String::from_utf8_lossy(&refused.stderr);
+    assert!(says.contains("held by 2 reader(s)"), "{says}");
+    // The plain lease of the same key is another lease.
+    let plain = output(run_rw(&store, &[], "true"));
+    assert_eq!(plain.status.code(), Some(0), "{plain:?}");
+    // A read/write lease is one key's; the flags exclude each other.
+    let mut two = lease(&store);
+    two.args(["run", "--key", "x", "--key", "y", "--shared", "--", "true"]);
+    assert_eq!(output(two).status.code(), Some(USAGE));
+    let both = output(run_rw(&store, &["--shared", "--writer"], "true"));
+    assert_eq!(both.status.code(), Some(USAGE), "{both:?}");
+
+    std::fs::write(&done, "").unwrap();
+    assert_eq!(a.wait().unwrap().code(), Some(0));
+    assert_eq!(b.wait().unwrap().code(), Some(0));
+    // The writer runs now, with a token above both readers'.
+    let w = output(run_rw(
+        &store,
+        &["--writer", "--wait", "10s"],
+        "echo $LEASE_TOKEN",
+    ));
+    assert_eq!(w.status.code(), Some(0), "{w:?}");
+    let tw: u64 = String::from_utf8_lossy(&w.stdout).trim().parse().unwrap();
+    assert!(tw > ta && tw > tb, "writer {tw} after readers {ta} {tb}");
+    // A reader after it carries its token as the writer epoch.
+    let r = output(run_rw(&store, &["--shared"], "echo $LEASE_WRITER_EPOCH"));
+    assert_eq!(r.status.code(), Some(0), "{r:?}");
+    assert_eq!(String::from_utf8_lossy(&r.stdout).trim(), tw.to_string());
 }
