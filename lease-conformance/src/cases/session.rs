@@ -137,7 +137,14 @@ pub(super) async fn session_outage_fires_every_lease_by_validity(ctx: Ctx) -> Ca
     let as_provider: Arc<dyn LeaseProvider> = link.clone();
     let other = ctx.provider().await?;
     let ttl = short_ttl(&*other);
-    let session = open(&as_provider, ttl).await?;
+    // Half the TTL as the margin (the most a session takes): the case is about
+    // firing by local validity at all, and a loaded machine can run the renewal
+    // task 100 ms late, past the default margin of a short TTL (a tenth).
+    let session = LeaseSession::open(
+        Arc::clone(&as_provider),
+        SessionConfig::ttl(ttl).lost_margin(ttl / 2),
+    )
+    .await?;
     let held = take(&session, &ctx, "outage", 8).await?;
     link.hook().cut(true);
     for l in &held {
