@@ -5,16 +5,29 @@ use std::sync::Mutex;
 
 use crate::{FencingToken, LeaseKey};
 
-/// A write was refused because a newer holder already wrote.
+/// A write or read was refused because a newer holder already used the resource.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("stale fencing token {presented} for {key:?}: a holder with token {highest} already wrote")]
+#[error(
+    "stale fencing token {presented} for {key:?}: a holder with token {highest} already wrote or read"
+)]
 pub struct StaleToken {
     /// The key of the write.
     pub key: LeaseKey,
     /// The token the writer presented.
     pub presented: FencingToken,
-    /// The highest token the gate has admitted for this key.
+    /// The token that shut the caller out: the highest writer token the gate
+    /// admitted for this key, or, for a writer refused after a newer reader,
+    /// that reader's token.
     pub highest: FencingToken,
+}
+
+/// What a gate admitted for one key.
+#[derive(Clone, Copy, Debug, Default)]
+struct Seen {
+    /// The highest token admitted to write (plain holders and writers).
+    written: Option<FencingToken>,
+    /// The highest reader token admitted to read (C19).
+    read: Option<FencingToken>,
 }
 
 /// Admits a write only if its token is >= the highest token seen for its key.
@@ -34,7 +47,7 @@ pub struct StaleToken {
 /// ```
 #[derive(Debug, Default)]
 pub struct FenceGate {
-    highest: Mutex<HashMap<LeaseKey, FencingToken>>,
+    seen: Mutex<HashMap<LeaseKey, Seen>>,
 }
 
 impl FenceGate {
@@ -61,25 +74,34 @@ impl FenceGate {
         token: FencingToken,
         write: impl FnOnce() -> T,
     ) -> Result<T, StaleToken> {
-        let mut map = self.highest.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(&highest) = map.get(key)
-            && token < highest
-        {
+        let mut map = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let seen = map.entry(key.clone()).or_default();
+        // A writer's token is above every earlier reader's (C19): one below a
+        // reader that already read is a writer from before that reader. (Equal
+        // is the holder itself: a token is one grant's.)
+        let refused_by = match (seen.written, seen.read) {
+            (Some(w), _) if token < w => Some(w),
+            (_, Some(r)) if token < r => Some(r),
+            _ => None,
+        };
+        if let Some(highest) = refused_by {
             return Err(StaleToken {
                 key: key.clone(),
                 presented: token,
                 highest,
             });
         }
-        map.insert(key.clone(), token);
+        seen.written = Some(token);
         Ok(write())
     }
 
-    /// Runs `read` for a reader of `key`'s read/write lease whose
-    /// [`writer_epoch`](crate::LeaseKind::Read) is `writer_epoch` (C19), unless
-    /// a newer writer has already written through this gate: such a reader
-    /// started before that writer and may read what it half wrote, or miss
-    /// it. Records nothing: readers never fence each other out.
+    /// Runs `read` for a reader of `key`'s read/write lease (C19) holding
+    /// `token` with [`writer_epoch`](crate::LeaseKind::Read) `writer_epoch`,
+    /// unless a newer writer has already written through this gate: such a
+    /// reader started before that writer and may read what it half wrote, or
+    /// miss it. An admitted read records `token`, so a writer from before this
+    /// reader (a paused one that comes back) can no longer write under it.
+    /// Readers never fence each other out.
     ///
     /// ```
     /// # use lease_api::{FenceGate, FencingToken, LeaseKey};
@@ -87,8 +109,10 @@ impl FenceGate {
     /// let key = LeaseKey::new("partitions")?;
     /// gate.write(&key, FencingToken(7), || "compacted").unwrap();
     /// // A reader that came after writer 7 reads; one from before it does not.
-    /// assert_eq!(gate.read(&key, FencingToken(7), || "rows"), Ok("rows"));
-    /// assert!(gate.read(&key, FencingToken(3), || "rows").is_err());
+    /// assert_eq!(gate.read(&key, FencingToken(8), FencingToken(7), || "rows"), Ok("rows"));
+    /// assert!(gate.read(&key, FencingToken(5), FencingToken(3), || "rows").is_err());
+    /// // Writer 7 paused past its lease, and reader 8 read since: 7 may not write.
+    /// assert!(gate.write(&key, FencingToken(7), || "late").is_err());
     /// # Ok::<(), lease_api::LeaseError>(())
     /// ```
     ///
@@ -97,10 +121,13 @@ impl FenceGate {
     pub fn read<T>(
         &self,
         key: &LeaseKey,
+        token: FencingToken,
         writer_epoch: FencingToken,
         read: impl FnOnce() -> T,
     ) -> Result<T, StaleToken> {
-        if let Some(highest) = self.highest(key)
+        let mut map = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let seen = map.entry(key.clone()).or_default();
+        if let Some(highest) = seen.written
             && writer_epoch < highest
         {
             return Err(StaleToken {
@@ -109,16 +136,17 @@ impl FenceGate {
                 highest,
             });
         }
+        seen.read = seen.read.max(Some(token));
         Ok(read())
     }
 
-    /// The highest token admitted for `key`, if any.
+    /// The highest token admitted to write `key`, if any.
     pub fn highest(&self, key: &LeaseKey) -> Option<FencingToken> {
-        self.highest
+        self.seen
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(key)
-            .copied()
+            .and_then(|s| s.written)
     }
 }
 
@@ -142,5 +170,45 @@ mod tests {
         // Keys are fenced independently.
         assert!(gate.admit(&other, FencingToken(1)).is_ok());
         assert_eq!(gate.highest(&k), Some(FencingToken(6)));
+    }
+
+    /// C19: readers share, a reader from before the newest writer is refused,
+    /// and a writer from before a reader that read is refused.
+    #[test]
+    fn readers_and_writers_fence_each_other_by_the_token_rule() {
+        let gate = FenceGate::new();
+        let k = LeaseKey::new("k").unwrap();
+        assert!(gate.write(&k, FencingToken(10), || ()).is_ok());
+        assert!(
+            gate.read(&k, FencingToken(11), FencingToken(10), || ())
+                .is_ok()
+        );
+        assert!(
+            gate.read(&k, FencingToken(12), FencingToken(10), || ())
+                .is_ok()
+        );
+        // An older reader of the same epoch still reads: readers never fence readers.
+        assert!(
+            gate.read(&k, FencingToken(11), FencingToken(10), || ())
+                .is_ok()
+        );
+        // Writer 10 comes back after the readers read.
+        let mut ran = false;
+        let err = gate.write(&k, FencingToken(10), || ran = true).unwrap_err();
+        assert!(!ran);
+        assert_eq!(err.highest, FencingToken(12));
+        assert!(gate.write(&k, FencingToken(13), || ()).is_ok());
+        let err = gate
+            .read(&k, FencingToken(12), FencingToken(10), || ())
+            .unwrap_err();
+        assert_eq!(err.highest, FencingToken(13));
+        assert_eq!(gate.highest(&k), Some(FencingToken(13)));
+        // A reader does not count as a write.
+        let other = LeaseKey::new("other").unwrap();
+        assert!(
+            gate.read(&other, FencingToken(3), FencingToken(0), || ())
+                .is_ok()
+        );
+        assert_eq!(gate.highest(&other), None);
     }
 }

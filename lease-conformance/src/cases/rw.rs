@@ -189,14 +189,19 @@ pub(super) async fn rw_tokens_follow_the_writer_rule(ctx: Ctx) -> CaseResult {
     gate.write(&key, w2.token(), || ())
         .map_err(|e| CaseError(format!("writer refused by the gate: {e}")))?;
     check!(
-        gate.read(&key, epoch(&r2), || ()).is_err(),
+        gate.read(&key, r2.token(), epoch(&r2), || ()).is_err(),
         "the gate let a reader from before the newest writer read"
     );
     p.release(&w2).await?;
     let r3 = must_read(&*p, &key, ttl).await?;
     check!(
-        gate.read(&key, epoch(&r3), || ()).is_ok(),
+        gate.read(&key, r3.token(), epoch(&r3), || ()).is_ok(),
         "the gate refused a reader after the writer"
+    );
+    // ... and once that reader read, writer 2 (paused past its lease, say) may not write.
+    check!(
+        gate.write(&key, w2.token(), || ()).is_err(),
+        "the gate let a writer from before a reader that read write"
     );
     p.release(&r3).await?;
     Ok(())
