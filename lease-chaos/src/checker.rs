@@ -9,13 +9,17 @@
 //!   validity end and its last write: a worker that was paused mid-job acts
 //!   after its validity ended;
 //! - grant `a` **happened before** grant `b` when `a`'s acquire returned before
-//!   `b`'s acquire was called.
+//!   `b`'s acquire was called;
+//! - two grants **conflict** unless both are readers of a read/write lease
+//!   (C19): every overlap, stale-admission and token count below is over
+//!   conflicting grants only, so readers may share the key while a writer
+//!   shares it with no one. With plain leases every pair conflicts.
 
 use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::history::{Event, Fault, GrantId, SinkRecord, WriteOutcome};
+use crate::history::{Event, Fault, GrantId, Role, SinkRecord, WriteOutcome};
 
 /// What the checker counted in one run.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -56,7 +60,8 @@ pub struct Counts {
     /// newer token). Reported, not a violation.
     pub late_admitted: u64,
     /// Grants whose token was not greater than that of a grant that happened
-    /// before them. Must be 0.
+    /// before them (for a reader: whose token or writer epoch was below the
+    /// token of a writer that happened before it). Must be 0.
     pub token_regressions: u64,
     /// Writes refused although the writer's lease was valid when it sent them
     /// (the fence took a job round from its rightful holder). Must be 0.
@@ -73,10 +78,17 @@ pub struct Counts {
     pub recovery_ms: Vec<f64>,
     /// Faults after which no other worker got the lease before the run ended.
     pub unrecovered: u64,
+    /// Of the grants, readers of a read/write lease.
+    #[serde(default)]
+    pub reader_grants: u64,
+    /// Of the writes, reads by readers (checked by their writer epoch).
+    #[serde(default)]
+    pub reads: u64,
 }
 
 struct GrantView {
     id: GrantId,
+    role: Role,
     invoke: u64,
     ok: u64,
     token: u64,
@@ -112,13 +124,18 @@ pub fn check(
                 ok,
                 token,
                 valid_until,
+                role,
                 ..
             } => {
                 c.grants += 1;
+                if role.is_reader() {
+                    c.reader_grants += 1;
+                }
                 grants.insert(
                     *id,
                     GrantView {
                         id: *id,
+                        role: *role,
                         invoke: *invoke,
                         ok: *ok,
                         token: *token,
@@ -136,9 +153,13 @@ pub fn check(
                 valid_until,
                 invoke,
                 outcome,
+                read,
                 ..
             } => {
                 c.writes += 1;
+                if *read {
+                    c.reads += 1;
+                }
                 if !valid_at_send {
                     c.stale_sent += 1;
                 }
@@ -197,7 +218,11 @@ pub fn check(
     // grant logged only after its validity ended (its worker was paused
     // between the acquire's return and the log line) never held a valid
     // lease in the log's eyes: it is no successor for validity.
-    let other = |a: &GrantView, b: &GrantView| (b.id.worker, b.id.inc) != (a.id.worker, a.id.inc);
+    // The successor of a grant is the next one to another worker that
+    // conflicts with it (for a reader, the next writer).
+    let other = |a: &GrantView, b: &GrantView| {
+        (b.id.worker, b.id.inc) != (a.id.worker, a.id.inc) && a.role.conflicts(b.role)
+    };
     for (i, a) in by_ok.iter().enumerate() {
         if let Some(b) = by_ok[i + 1..].iter().find(|b| other(a, b))
             && b.ok < a.acting_end
@@ -218,16 +243,25 @@ pub fn check(
         }
     }
 
-    // Token regressions: sweep grants by invoke against grants by ok.
+    // Token regressions: sweep grants by invoke against grants by ok. A
+    // writer's (or plain holder's) token must be above every earlier grant's;
+    // a reader's token and writer epoch at least every earlier writer's.
     let mut by_invoke: Vec<&GrantView> = grants.values().collect();
     by_invoke.sort_by_key(|g| (g.invoke, g.id));
-    let (mut p, mut max_token) = (0usize, None::<u64>);
+    let (mut p, mut max_any, mut max_writer) = (0usize, None::<u64>, None::<u64>);
     for b in &by_invoke {
         while p < by_ok.len() && by_ok[p].ok < b.invoke {
-            max_token = max_token.max(Some(by_ok[p].token));
+            max_any = max_any.max(Some(by_ok[p].token));
+            if !by_ok[p].role.is_reader() {
+                max_writer = max_writer.max(Some(by_ok[p].token));
+            }
             p += 1;
         }
-        if max_token.is_some_and(|m| m >= b.token) {
+        let regressed = match b.role {
+            Role::Reader { epoch } => max_writer.is_some_and(|m| m >= b.token || m > epoch),
+            _ => max_any.is_some_and(|m| m >= b.token),
+        };
+        if regressed {
             c.token_regressions += 1;
         }
     }
@@ -235,13 +269,19 @@ pub fn check(
     // The sink's view: stale and late admissions, duplicates, lost rounds.
     let mut records: Vec<&SinkRecord> = sink.iter().collect();
     records.sort_by_key(|r| r.recv);
-    let mut newest_invoke_written = 0u64;
-    let (mut p, mut newest_invoke_granted) = (0usize, 0u64);
+    // The newest invoke of any grant, and of any writer (or plain holder),
+    // that wrote or read through the sink; and of those granted by now. A
+    // reader conflicts with writers only, a writer with everyone.
+    let (mut written_any, mut written_writer) = (0u64, 0u64);
+    let (mut p, mut granted_any, mut granted_writer) = (0usize, 0u64, 0u64);
     let mut token_owner: HashMap<u64, GrantId> = HashMap::new();
     let mut dup_tokens: HashMap<u64, ()> = HashMap::new();
     for r in &records {
         while p < by_ok.len() && by_ok[p].ok < r.recv {
-            newest_invoke_granted = newest_invoke_granted.max(by_ok[p].invoke);
+            granted_any = granted_any.max(by_ok[p].invoke);
+            if !by_ok[p].role.is_reader() {
+                granted_writer = granted_writer.max(by_ok[p].invoke);
+            }
             p += 1;
         }
         if !r.accepted {
@@ -256,13 +296,22 @@ pub fn check(
         let Some(g) = grants.get(&r.id) else {
             continue;
         };
-        if g.ok < newest_invoke_written {
+        let reader = g.role.is_reader();
+        let (written, granted) = if reader {
+            (written_writer, granted_writer)
+        } else {
+            (written_any, granted_any)
+        };
+        if g.ok < written {
             c.stale_admitted += 1;
         }
-        if g.ok < newest_invoke_granted {
+        if g.ok < granted {
             c.late_admitted += 1;
         }
-        newest_invoke_written = newest_invoke_written.max(g.invoke);
+        written_any = written_any.max(g.invoke);
+        if !reader {
+            written_writer = written_writer.max(g.invoke);
+        }
         match token_owner.get(&r.token) {
             Some(owner) if *owner != r.id => {
                 if dup_tokens.insert(r.token, ()).is_none() {
@@ -334,6 +383,7 @@ mod tests {
             token,
             valid_until: valid_ms * MS,
             long: false,
+            role: Role::Exclusive,
         }
     }
 
@@ -351,6 +401,7 @@ mod tests {
             } else {
                 WriteOutcome::Refused
             },
+            read: false,
         }
     }
 
@@ -373,6 +424,7 @@ mod tests {
             valid_until: if valid { (at_ms + 100) * MS } else { 0 },
             recv: at_ms * MS,
             accepted: ok,
+            read: false,
         }
     }
 
@@ -505,6 +557,7 @@ mod tests {
             valid_until: 200 * MS,
             recv: 350 * MS,
             accepted: false,
+            read: false,
         };
         let c = check(&events, &[late], &[], 0, 500 * MS);
         assert_eq!(c.validity_overlaps, 0);
@@ -638,5 +691,72 @@ mod tests {
         let c = check(&events, &[], &faults, 0, 200 * MS);
         assert_eq!(c.recovery_ms, vec![130.0]);
         assert_eq!(c.unrecovered, 1);
+    }
+
+    /// `g` granted as `role` (read/write leases, C19).
+    fn as_role(e: Event, r: Role) -> Event {
+        match e {
+            Event::Grant {
+                role: _,
+                id,
+                invoke,
+                ok,
+                token,
+                valid_until,
+                long,
+            } => Event::Grant {
+                id,
+                invoke,
+                ok,
+                token,
+                valid_until,
+                long,
+                role: r,
+            },
+            other => other,
+        }
+    }
+
+    /// C19: readers share the key; a writer overlapping a reader, a writer
+    /// token not above an earlier reader's, a reader whose epoch misses an
+    /// earlier writer, and a writer from before a reader written after it
+    /// read are each counted.
+    #[test]
+    fn readers_share_and_the_token_rule_is_judged_over_conflicting_grants() {
+        let (r1, r2, w, r3) = (id(1, 1), id(2, 1), id(3, 1), id(4, 1));
+        let reader = |epoch| Role::Reader { epoch };
+        let events = vec![
+            as_role(grant(r1, 0, 1, 11, 500), reader(10)),
+            as_role(grant(r2, 2, 3, 12, 500), reader(10)),
+            // Granted while both readers are valid, with a token below r2's.
+            as_role(grant(w, 4, 100, 12, 1000), Role::Writer),
+            // Granted after w without w's epoch.
+            as_role(grant(r3, 1100, 1101, 13, 2000), reader(10)),
+        ];
+        let c = check(&events, &[], &[], 0, 2000 * MS);
+        assert_eq!((c.grants, c.reader_grants), (4, 3));
+        // r1 and r2 overlap (readers: fine); r2 then w (counted once, as
+        // r2's successor, and r1's).
+        assert_eq!(c.validity_overlaps, 2);
+        assert_eq!(c.token_regressions, 2, "w's token 12 and r3's epoch 10");
+
+        // The sink: r1 reads, then w (granted before r1's read, token above)
+        // writes: fine; then r2, from before w, reads after w wrote: stale.
+        let (ok_w, ok_r) = (id(5, 1), id(6, 1));
+        let events = vec![
+            as_role(grant(ok_r, 0, 1, 11, 50), reader(10)),
+            as_role(grant(ok_w, 2, 60, 12, 1060), Role::Writer),
+        ];
+        let mut read = rec(ok_r, 1, 11, 10, true, true);
+        read.read = true;
+        let mut late_read = rec(ok_r, 2, 11, 80, false, true);
+        late_read.read = true;
+        let sink = vec![read, rec(ok_w, 1, 12, 70, true, true), late_read];
+        let c = check(&events, &sink, &[], 0, 100 * MS);
+        assert_eq!((c.validity_overlaps, c.token_regressions), (0, 0));
+        assert_eq!(
+            c.stale_admitted, 1,
+            "a reader from before the writer read after it wrote"
+        );
     }
 }

@@ -41,6 +41,34 @@ pub struct GrantId {
     pub grant: u64,
 }
 
+/// What a grant holds: a plain lease, or one side of a read/write lease (C19).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// A plain lease: one holder at a time.
+    #[default]
+    Exclusive,
+    /// One of any number of readers.
+    Reader {
+        /// The token of the last writer before it (its writer epoch).
+        epoch: u64,
+    },
+    /// The one writer: no reader or other writer meanwhile.
+    Writer,
+}
+
+impl Role {
+    /// Whether two grants of these roles may not hold the key at once.
+    pub fn conflicts(self, other: Role) -> bool {
+        !(matches!(self, Role::Reader { .. }) && matches!(other, Role::Reader { .. }))
+    }
+
+    /// True for a reader.
+    pub fn is_reader(self) -> bool {
+        matches!(self, Role::Reader { .. })
+    }
+}
+
 /// How a write to the sink ended, as the worker saw it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -71,6 +99,9 @@ pub enum Event {
         valid_until: u64,
         /// Held by a renewing guard for longer than the TTL.
         long: bool,
+        /// What it holds (a plain lease when absent).
+        #[serde(default, skip_serializing_if = "is_exclusive")]
+        role: Role,
     },
     /// An acquire that ended without the lease.
     AcquireFailed {
@@ -103,6 +134,9 @@ pub enum Event {
         done: u64,
         /// The answer.
         outcome: WriteOutcome,
+        /// A reader's read (its token is the reader's) rather than a write.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        read: bool,
     },
     /// The guard's lost signal fired.
     Lost {
@@ -146,6 +180,13 @@ pub struct SinkRecord {
     pub recv: u64,
     /// Whether the sink accepted it.
     pub accepted: bool,
+    /// A reader's read, checked by its writer epoch (C19), rather than a write.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read: bool,
+}
+
+fn is_exclusive(r: &Role) -> bool {
+    *r == Role::Exclusive
 }
 
 /// One injected fault.

@@ -95,6 +95,14 @@ impl Report {
             c.unrecovered,
             self.injected,
         );
+        if c.reader_grants > 0 {
+            out.push_str(&format!(
+                "read/write leases: {} reader grants, {} writer grants · {} reads\n",
+                c.reader_grants,
+                c.grants - c.reader_grants,
+                c.reads
+            ));
+        }
         for d in &self.declared {
             out.push_str(&format!("DECLARED: {d}\n"));
         }

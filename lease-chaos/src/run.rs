@@ -86,6 +86,12 @@ pub struct ChaosOptions {
     /// The job's length in a short round.
     #[arg(long, default_value = "2ms", value_parser = humantime::parse_duration)]
     pub job: Duration,
+    /// Take the key's read/write lease (C19) in every round: as a reader with
+    /// this probability (0 < share < 1), else as the writer. Readers read
+    /// through the sink with their writer epoch; the checker lets readers
+    /// overlap and judges the token rule. 0 (the default): plain leases.
+    #[arg(long, default_value_t = 0.0)]
+    pub read_share: f64,
     /// Where the worker logs go (default: a fresh temporary directory).
     #[arg(long)]
     pub dir: Option<PathBuf>,
@@ -210,6 +216,15 @@ async fn run_inner(
         .build()
         .map_err(|e| e.to_string())?;
     let caps = probe.capabilities().clone();
+    if !(0.0..1.0).contains(&args.read_share) {
+        return Err("--read-share must be at least 0 and below 1 (some rounds must write)".into());
+    }
+    if args.read_share > 0.0 && !caps.shared_leases {
+        return Err(format!(
+            "--read-share needs read/write leases, which {} does not offer (Capabilities::shared_leases)",
+            caps.backend
+        ));
+    }
     let ttl = caps
         .grant_ttl(args.ttl.max(caps.min_ttl))
         .map_err(|e| e.to_string())?;
@@ -249,6 +264,7 @@ async fn run_inner(
         worker_cmd,
         job: args.job,
         long_share: args.long_share,
+        read_share: args.read_share,
         namespace,
         dir: dir.clone(),
         key,
@@ -418,11 +434,19 @@ async fn run_inner(
     let report = Report {
         backend: caps.backend.to_string(),
         store: leases::redact(&store),
-        cell: if names.is_empty() {
-            "none".into()
-        } else {
-            names.join("+")
-        },
+        cell: format!(
+            "{}{}",
+            if names.is_empty() {
+                "none".to_string()
+            } else {
+                names.join("+")
+            },
+            if args.read_share > 0.0 {
+                " (read/write)"
+            } else {
+                ""
+            }
+        ),
         faults: names,
         seed,
         workers: args.workers,

@@ -9,6 +9,11 @@
 //! loopback:
 //! - `W worker inc grant seq token valid valid_until` → `A` (accepted) or
 //!   `R` (refused);
+//! - `Q worker inc grant seq token epoch valid valid_until`, a reader's read
+//!   (C19) → `A` when no writer newer than the reader's writer epoch has
+//!   written, else `R`. An admitted read raises the bar for writers: a write
+//!   needs a token above every reader token that read (a writer from before
+//!   a reader, come back from a pause, is refused), as `FenceGate::read` does;
 //! - `H worker inc grant token long` (holding) and `E worker inc grant` (done)
 //!   → `K`, or `S` once the run is over.
 
@@ -36,6 +41,8 @@ pub struct Holding {
 struct State {
     records: Vec<SinkRecord>,
     last: Option<(u64, GrantId)>,
+    /// The highest reader token admitted to read.
+    read_high: Option<u64>,
     holding: HashMap<u32, Holding>,
     grants: u64,
     stopping: bool,
@@ -158,10 +165,10 @@ fn answer(s: &mut State, parts: &[&str], recv: u64, fenced: bool) -> Option<&'st
             let (seq, token, valid) = (field(parts, 4)?, field(parts, 5)?, field(parts, 6)?);
             let valid_until = field(parts, 7).unwrap_or(0);
             let accepted = !fenced
-                || match s.last {
+                || (match s.last {
                     None => true,
                     Some((t, by)) => token > t || (token == t && by == id),
-                };
+                } && s.read_high.is_none_or(|r| token >= r));
             if accepted {
                 s.last = Some((token, id));
             }
@@ -173,6 +180,27 @@ fn answer(s: &mut State, parts: &[&str], recv: u64, fenced: bool) -> Option<&'st
                 valid_until,
                 recv,
                 accepted,
+                read: false,
+            });
+            Some(if accepted { b"A\n" } else { b"R\n" })
+        }
+        "Q" => {
+            let (seq, token, epoch) = (field(parts, 4)?, field(parts, 5)?, field(parts, 6)?);
+            let valid = field(parts, 7)?;
+            let valid_until = field(parts, 8).unwrap_or(0);
+            let accepted = !fenced || s.last.is_none_or(|(t, _)| epoch >= t);
+            if accepted {
+                s.read_high = s.read_high.max(Some(token));
+            }
+            s.records.push(SinkRecord {
+                id,
+                seq,
+                token,
+                valid_at_send: valid == 1,
+                valid_until,
+                recv,
+                accepted,
+                read: true,
             });
             Some(if accepted { b"A\n" } else { b"R\n" })
         }
@@ -225,6 +253,35 @@ mod tests {
         assert_eq!(line(&mut s, "W 2 0 1 2 9 0", true), b"R\n");
         assert_eq!(line(&mut s, "W 2 0 2 1 11 1", true), b"A\n");
         assert_eq!(s.records.iter().filter(|r| r.accepted).count(), 3);
+    }
+
+    /// C19 at the sink: a reader from before the newest writer is refused; a
+    /// writer from before a reader that read is refused; readers share.
+    #[test]
+    fn reads_are_fenced_by_epoch_and_fence_older_writers() {
+        let mut s = State::default();
+        assert_eq!(line(&mut s, "W 1 0 1 1 10 1", true), b"A\n");
+        assert_eq!(line(&mut s, "Q 2 0 1 1 11 10 1", true), b"A\n");
+        assert_eq!(line(&mut s, "Q 3 0 1 1 12 10 1", true), b"A\n");
+        assert_eq!(
+            line(&mut s, "Q 2 0 1 2 11 10 1", true),
+            b"A\n",
+            "readers share"
+        );
+        assert_eq!(
+            line(&mut s, "W 1 0 1 2 10 0", true),
+            b"R\n",
+            "writer 10 after readers 11 and 12 read"
+        );
+        assert_eq!(line(&mut s, "W 4 0 1 1 13 1", true), b"A\n");
+        assert_eq!(
+            line(&mut s, "Q 3 0 1 2 12 10 0", true),
+            b"R\n",
+            "reader of epoch 10 after writer 13 wrote"
+        );
+        assert_eq!(line(&mut s, "Q 5 0 1 1 14 13 1", true), b"A\n");
+        let reads = s.records.iter().filter(|r| r.read).count();
+        assert_eq!(reads, 5);
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! One worker process: acquire the shared key, do a short job, write the
 //! result to the fenced sink with the token, release; some rounds hold the
 //! lease with a renewing [`LeaseGuard`] for longer than the TTL and write
-//! several times. Every operation goes to the worker's log, one JSON line
+//! several times. With a read share, every round takes the key's read/write
+//! lease (C19) instead: as a reader, whose job reads through the sink with its
+//! writer epoch, or as the writer. Every operation goes to the worker's log, one JSON line
 //! each, written before the next operation starts (a `kill -9` loses at most
 //! the operation in flight).
 
@@ -12,14 +14,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use leases::{AcquireOptions, Lease, LeaseGuard, LeaseKey, LeaseProvider, StoreConfig, acquire};
+use leases::{
+    AcquireOptions, Lease, LeaseGuard, LeaseKey, LeaseKind, LeaseProvider, StoreConfig, acquire,
+    acquire_read, acquire_write,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
-use crate::history::{Event, GrantId, WriteOutcome, instant_ns, mono_ns};
+use crate::history::{Event, GrantId, Role, WriteOutcome, instant_ns, mono_ns};
 
 /// What a worker is told by the controller.
 #[derive(Clone, Debug, clap::Args)]
@@ -57,6 +62,21 @@ pub struct WorkerArgs {
     /// The seed of this worker's choices.
     #[arg(long)]
     pub seed: u64,
+    /// Above 0, every round takes the key's read/write lease: as a reader
+    /// with this probability, else as the writer.
+    #[arg(long, default_value_t = 0.0)]
+    pub read_share: f64,
+}
+
+/// The role `lease` was granted.
+fn role_of(lease: &Lease) -> Role {
+    match lease.kind() {
+        LeaseKind::Read { writer_epoch } => Role::Reader {
+            epoch: writer_epoch.get(),
+        },
+        LeaseKind::Write => Role::Writer,
+        LeaseKind::Exclusive => Role::Exclusive,
+    }
 }
 
 struct SinkConn {
@@ -116,13 +136,17 @@ pub async fn run_worker(args: WorkerArgs) -> Result<(), String> {
     );
     let mut grant = 0u64;
     loop {
+        let rw = args.read_share > 0.0;
+        let reader = rw && rng.random_bool(args.read_share.clamp(0.0, 1.0));
+        let options = AcquireOptions::ttl(args.ttl).wait(args.ttl * 3);
         let invoke = mono_ns();
-        let got = acquire(
-            &provider,
-            &key,
-            AcquireOptions::ttl(args.ttl).wait(args.ttl * 3),
-        )
-        .await;
+        let got = if reader {
+            acquire_read(&provider, &key, options).await
+        } else if rw {
+            acquire_write(&provider, &key, options).await
+        } else {
+            acquire(&provider, &key, options).await
+        };
         let lease = match got {
             Ok(Some(lease)) => lease,
             other => {
@@ -159,6 +183,7 @@ pub async fn run_worker(args: WorkerArgs) -> Result<(), String> {
             token: lease.token().get(),
             valid_until: instant_ns(lease.valid_until()),
             long,
+            role: role_of(&lease),
         });
         let said = format!(
             "H {} {} {} {} {}\n",
@@ -193,8 +218,8 @@ pub async fn run_worker(args: WorkerArgs) -> Result<(), String> {
     }
 }
 
-/// Writes the job's result under `lease`, the worker believing it `valid`;
-/// true when the sink is gone.
+/// Writes the job's result under `lease` (a reader reads instead), the
+/// worker believing it `valid`; true when the sink is gone.
 async fn write(
     sink: &mut SinkConn,
     log: &mut Log,
@@ -205,15 +230,19 @@ async fn write(
 ) -> bool {
     let invoke = mono_ns();
     let valid_until = instant_ns(lease.valid_until());
-    let line = format!(
-        "W {} {} {} {} {} {} {valid_until}\n",
-        id.worker,
-        id.inc,
-        id.grant,
-        seq,
+    let (id_s, token, valid_s) = (
+        format!("{} {} {} {seq}", id.worker, id.inc, id.grant),
         lease.token().get(),
-        u8::from(valid)
+        u8::from(valid),
     );
+    let read = lease.kind().is_read();
+    let line = match lease.kind() {
+        LeaseKind::Read { writer_epoch } => format!(
+            "Q {id_s} {token} {} {valid_s} {valid_until}\n",
+            writer_epoch.get()
+        ),
+        _ => format!("W {id_s} {token} {valid_s} {valid_until}\n"),
+    };
     let answer = sink.ask(line).await;
     let outcome = match answer.as_deref() {
         Some("A") => WriteOutcome::Accepted,
@@ -229,6 +258,7 @@ async fn write(
         invoke,
         done: mono_ns(),
         outcome,
+        read,
     });
     outcome == WriteOutcome::Error
 }

@@ -92,6 +92,8 @@ pub(crate) struct Run {
     pub(crate) job: Duration,
     /// The share of rounds held beyond the TTL.
     pub(crate) long_share: f64,
+    /// The share of read/write rounds taken as a reader (0: plain leases).
+    pub(crate) read_share: f64,
     /// The lease namespace.
     pub(crate) namespace: String,
     /// Where the worker logs go.
@@ -196,6 +198,8 @@ impl Run {
             .arg(self.long_share.to_string())
             .arg("--seed")
             .arg(self.seed.to_string())
+            .arg("--read-share")
+            .arg(self.read_share.to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(err)
