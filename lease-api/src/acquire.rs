@@ -122,7 +122,15 @@ where
     let started = Instant::now();
     let mut waited = Duration::ZERO;
     let result = if fair {
-        crate::fair::acquire_fair(provider, key, ttl, wait, &mut waited).await
+        crate::fair::acquire_fair(
+            provider,
+            key,
+            ttl,
+            wait,
+            &mut waited,
+            crate::fair::Take::Plain,
+        )
+        .await
     } else {
         crate::wait::acquire_waiting(provider, key, ttl, wait, &mut waited).await
     };

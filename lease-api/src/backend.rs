@@ -147,6 +147,14 @@ pub use crate::holder::{MAX_HOLDER_BYTES, validate_holder};
 pub use crate::hook::{Answer, Hook, Op, Outcome};
 pub use crate::hub::WatchHub;
 pub use crate::key::{MAX_KEY_BYTES, validate_key_set, validate_namespace, validate_purge_prefix};
+
+/// The key of the queue ([`WaitQueue`](crate::WaitQueue)) in which fair
+/// waiters of `key`'s read/write lease stand (C17 with C19): apart from the
+/// plain lease's fair waiters, and longer than [`MAX_KEY_BYTES`], so no
+/// caller's key names it. A backend stores it as any key.
+pub fn read_write_queue_key(key: &crate::LeaseKey) -> crate::LeaseKey {
+    key.read_write_queue()
+}
 pub use crate::layered::Layered;
 pub use crate::lease::{LeaseHandle, OwnerId, drift_margin};
 pub use crate::memory::DEFAULT_NAMESPACE;

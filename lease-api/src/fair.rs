@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::lease::OwnerId;
 use crate::provider::LeaseProvider;
 use crate::queue::{MAX_TICKET_TTL, Place, Ticket, WaitQueue};
 use crate::watch::MAX_BLIND_WAIT;
@@ -32,6 +33,7 @@ use crate::{Lease, LeaseError, LeaseKey, Result};
 /// fair acquire never holds the line up for its TTL.
 struct Held<P: LeaseProvider + ?Sized + 'static> {
     provider: Arc<P>,
+    /// The key of the queue: the lease's, or its read/write queue's.
     key: LeaseKey,
     ticket: Option<Ticket>,
     /// The mark of the next join: kept after a join that failed, whose
@@ -151,14 +153,26 @@ where
         .map_err(|_| LeaseError::protocol("the join task ended without an answer"))?
 }
 
-/// The fair path of [`acquire`](crate::acquire): waits in the key's queue
-/// until first, then waits for the key itself.
+/// What a fair waiter takes once first in line.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Take {
+    /// The key's plain lease.
+    Plain,
+    /// The key's read/write lease (C19): `None` as a reader, `Some(waiting)`
+    /// as the writer.
+    ReadWrite(Option<Option<OwnerId>>),
+}
+
+/// The fair path of [`acquire`](crate::acquire) (and of the read/write
+/// acquires): waits in the key's queue until first, then waits for the key
+/// itself.
 pub(crate) async fn acquire_fair<P>(
     provider: &Arc<P>,
     key: &LeaseKey,
     ttl: Duration,
     wait: Duration,
     waited: &mut Duration,
+    take: Take,
 ) -> Result<Option<Lease>>
 where
     P: LeaseProvider + ?Sized + 'static,
@@ -177,9 +191,15 @@ where
     // waiter holds the line up for seconds, not for a lease's hour.
     let ticket_ttl = caps.practical_ttl(ttl.clamp(MIN_TICKET_TTL, MAX_TICKET_TTL));
     let refresh_every = (ticket_ttl / 3).max(Duration::from_millis(1));
+    // Read/write waiters stand in a queue of their own: one of a plain
+    // lease's waiters at the head must not hold them up, nor the reverse.
+    let line = match take {
+        Take::Plain => key.clone(),
+        Take::ReadWrite(_) => key.read_write_queue(),
+    };
     let mut held = Held {
         provider: Arc::clone(provider),
-        key: key.clone(),
+        key: line,
         ticket: None,
         mark: Ticket::random_mark(),
         join_failed: false,
@@ -191,7 +211,7 @@ where
             queue,
             &mut held,
             key,
-            (ttl, ticket_ttl, refresh_every),
+            (ttl, ticket_ttl, refresh_every, take),
             deadline,
             waited,
         )
@@ -235,7 +255,7 @@ async fn fair_round<P>(
     queue: &dyn WaitQueue,
     held: &mut Held<P>,
     key: &LeaseKey,
-    (ttl, ticket_ttl, refresh_every): (Duration, Duration, Duration),
+    (ttl, ticket_ttl, refresh_every, take): (Duration, Duration, Duration, Take),
     deadline: Instant,
     waited: &mut Duration,
 ) -> Result<Round>
@@ -250,7 +270,8 @@ where
         // On an error the mark stays: the retry finds a ticket the lost
         // answer may have made, instead of queueing behind it.
         held.join_failed = true;
-        let ticket = join(provider, key, ticket_ttl, held.mark).await?;
+        let line = held.key.clone();
+        let ticket = join(provider, &line, ticket_ttl, held.mark).await?;
         held.join_failed = false;
         held.mark = Ticket::random_mark();
         held.ticket = Some(ticket);
@@ -315,13 +336,36 @@ where
             }
         }
     };
+    // A reader first in line enters beside the readers that hold the key and
+    // leaves the line at once, so the readers behind it follow; a writer
+    // first in line keeps new readers out while it waits (C19).
+    let taking = async {
+        match take {
+            Take::Plain => {
+                crate::wait::acquire_waiting(provider, key, ttl, remaining_wait, waited).await
+            }
+            Take::ReadWrite(writer) => {
+                let started = Instant::now();
+                let got = crate::rw_wait::wait_rw(provider, key, ttl, remaining_wait, writer).await;
+                *waited += started.elapsed();
+                got
+            }
+        }
+    };
     tokio::select! {
-        r = crate::wait::acquire_waiting(provider, key, ttl, remaining_wait, waited) => {
+        r = taking => {
             r.map(Round::Done)
         }
         () = keep => {
             tracing::debug!(key = %key, "the first waiter's ticket expired while it waited for the key; back in line");
             held.ticket = None;
+            // A writer's waiting record would keep the reader now first in
+            // line out, and with it the whole line, until its TTL.
+            if let Take::ReadWrite(Some(Some(id))) = take
+                && let Err(e) = provider.withdraw_writer(key, id).await
+            {
+                tracing::debug!(key = %key, error = %e, "could not withdraw the writer's waiting record; it ends with its TTL");
+            }
             Ok(Round::Again)
         }
     }

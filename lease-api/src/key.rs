@@ -54,6 +54,17 @@ impl LeaseKey {
         Ok(LeaseKey(Arc::from(key)))
     }
 
+    /// The name of the queue in which fair waiters of this key's read/write
+    /// lease (C19) stand: a queue of its own, apart from the fair waiters of
+    /// the plain lease. It is longer than [`MAX_KEY_BYTES`], so no key a
+    /// caller can make names it: the key, `\u{1}rw`, then `_` up to 513 bytes.
+    pub(crate) fn read_write_queue(&self) -> LeaseKey {
+        let mut name = format!("{}\u{1}rw", self.0);
+        let pad = (MAX_KEY_BYTES + 1).saturating_sub(name.len());
+        name.extend(std::iter::repeat_n('_', pad));
+        LeaseKey(Arc::from(name))
+    }
+
     /// The key as text.
     pub fn as_str(&self) -> &str {
         &self.0

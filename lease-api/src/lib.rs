@@ -154,6 +154,7 @@ mod queue;
 mod record;
 mod run;
 mod rw;
+mod rw_wait;
 mod semaphore;
 mod session;
 mod session_adapters;

@@ -5,12 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use crate::lease::OwnerId;
 use crate::provider::LeaseProvider;
-use crate::watch::{KeyWatch, MAX_BLIND_WAIT, SleepWatch};
-use crate::{AcquireOptions, Lease, LeaseError, LeaseKey, Result, TryAcquire};
+use crate::{AcquireOptions, Lease, LeaseError, LeaseKey, Result};
 
 /// Acquires `key`'s read/write lease as a reader, waiting up to
 /// `options.wait` while a writer holds it or waits for it (C19).
@@ -42,9 +39,15 @@ use crate::{AcquireOptions, Lease, LeaseError, LeaseKey, Result, TryAcquire};
 /// # Ok(()) }
 /// ```
 ///
+/// With [`fair`](AcquireOptions::fair), readers and writers are served in
+/// the order they came (C17's queue of waiters): a reader behind a waiting
+/// writer waits for it, and readers that come one after another at the head
+/// of the line enter together. Fair waiters of a key's plain lease and of its
+/// read/write lease stand in one line.
+///
 /// # Errors
-/// `Config` for a provider without read/write leases or a
-/// [`fair`](AcquireOptions::fair) wait; otherwise as [`acquire`](crate::acquire).
+/// `Config` for a provider without read/write leases, or a fair wait on one
+/// without fair waiting; otherwise as [`acquire`](crate::acquire).
 pub async fn acquire_read<P>(
     provider: &Arc<P>,
     key: &LeaseKey,
@@ -126,111 +129,16 @@ where
     P: LeaseProvider + ?Sized + 'static,
 {
     let AcquireOptions { ttl, wait, fair } = options;
-    if fair {
-        return Err(LeaseError::Config(
-            "read/write leases wait with writer preference; fair (queued) waiting is for plain leases"
-                .into(),
-        ));
-    }
     if !provider.capabilities().shared_leases {
         return Err(LeaseError::Config(format!(
             "the {} provider has no read/write leases (Capabilities::shared_leases is false)",
             provider.capabilities().backend
         )));
     }
-    let granted = provider.capabilities().grant_ttl(ttl)?;
-    let deadline = crate::time::deadline_in(wait);
-    let mut backoff = Duration::from_millis(50);
-    loop {
-        // Registered before the try, so a release in between is not missed.
-        // A writer's record lasts one TTL: setting up a watch may not take
-        // the time it needs to renew it.
-        let mut watch: Option<Box<dyn KeyWatch>> = if wait.is_zero() {
-            None
-        } else {
-            let limit = if writer.is_some() {
-                granted / 2
-            } else {
-                Duration::MAX
-            };
-            let set_up = tokio::time::timeout(limit, provider.watch_rw(key)).await;
-            Some(match set_up {
-                Ok(Ok(w)) => w,
-                Ok(Err(e)) => {
-                    tracing::debug!(key = %key, error = %e, "cannot watch the read/write lease; waiting by its holders' TTL");
-                    Box::new(SleepWatch)
-                }
-                Err(_) => Box::new(SleepWatch),
-            })
-        };
-        let error = match attempt(provider, key, ttl, writer).await {
-            Ok(TryAcquire::Acquired(lease)) => return Ok(Some(lease)),
-            Ok(TryAcquire::Held { remaining }) => {
-                backoff = Duration::from_millis(50);
-                let now = Instant::now();
-                let Some(mut w) = watch.take().filter(|_| now < deadline) else {
-                    return Ok(None);
-                };
-                let mut nap = remaining
-                    .map(|r| r.saturating_add(Duration::from_millis(1)))
-                    .unwrap_or(MAX_BLIND_WAIT);
-                if writer.is_some() {
-                    // The waiting record lasts one TTL: renew it well before.
-                    nap = nap.min(granted / 2);
-                }
-                w.changed(nap.min(deadline - now)).await;
-                continue;
-            }
-            Err(e) => e,
-        };
-        let now = Instant::now();
-        if !error.is_transient() || now + backoff >= deadline {
-            return Err(error);
-        }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(1));
-        if writer.is_some() {
-            backoff = backoff.min(granted / 2);
-        }
+    if fair {
+        let mut waited = Duration::ZERO;
+        let take = crate::fair::Take::ReadWrite(writer);
+        return crate::fair::acquire_fair(provider, key, ttl, wait, &mut waited, take).await;
     }
-}
-
-/// One try in a task of its own: a lease won after the caller stopped
-/// listening is given back; a writer's waiting record that attempt made is
-/// withdrawn after it (the drop's own withdrawal may have run before the
-/// attempt recorded it again).
-async fn attempt<P>(
-    provider: &Arc<P>,
-    key: &LeaseKey,
-    ttl: Duration,
-    writer: Option<Option<OwnerId>>,
-) -> Result<TryAcquire>
-where
-    P: LeaseProvider + ?Sized + 'static,
-{
-    let (p, k) = (Arc::clone(provider), key.clone());
-    let unheard: Option<crate::attempt::Unheard<P>> = match writer {
-        Some(Some(id)) => {
-            let k = key.clone();
-            Some(Box::new(move |p: Arc<P>| {
-                Box::pin(async move {
-                    if let Err(e) = p.withdraw_writer(&k, id).await {
-                        tracing::debug!(key = %k, error = %e, "could not withdraw a dropped writer; its record ends with its TTL");
-                    }
-                })
-            }))
-        }
-        _ => None,
-    };
-    crate::attempt::in_own_task(
-        provider,
-        async move {
-            match writer {
-                None => p.try_acquire_read(&k, ttl).await,
-                Some(waiting) => p.try_acquire_write(&k, ttl, waiting).await,
-            }
-        },
-        unheard,
-    )
-    .await
+    crate::rw_wait::wait_rw(provider, key, ttl, wait, writer).await
 }

@@ -94,17 +94,19 @@ pub(crate) enum Command {
         /// Wait in the store's queue of waiters: runs waiting for KEY get it
         /// in the order they arrived, each woken only by the one ahead
         /// (memory, Redis, PostgreSQL, etcd, ZooKeeper; other stores refuse it).
+        /// With --shared or --writer, readers and writers in arrival order
+        /// instead of writer preference.
         #[arg(long)]
         fair: bool,
         /// Hold KEY's read/write lease as one of its readers: any number of
         /// --shared runs hold the key together, and a --writer run waits for
         /// them (a waiting writer keeps new readers out). The command also
         /// gets LEASE_WRITER_EPOCH, the last writer's token.
-        #[arg(long, conflicts_with_all = ["writer", "fair", "once_per"])]
+        #[arg(long, conflicts_with_all = ["writer", "once_per"])]
         shared: bool,
         /// Hold KEY's read/write lease as its writer: alone, with no
         /// --shared run. (Plain runs of KEY are another lease.)
-        #[arg(long, conflicts_with_all = ["fair", "once_per"])]
+        #[arg(long, conflicts_with_all = ["once_per"])]
         writer: bool,
         /// Keep the key held at least this long after acquiring it, even if CMD ends sooner.
         #[arg(long, value_parser = duration, default_value = "0s")]

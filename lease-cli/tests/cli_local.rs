@@ -185,7 +185,18 @@ fn shared_runs_hold_a_key_together_and_a_writer_runs_alone() {
     assert_eq!(output(two).status.code(), Some(USAGE));
     let both = output(run_rw(&store, &["--shared", "--writer"], "true"));
     assert_eq!(both.status.code(), Some(USAGE), "{both:?}");
-
+    // --fair goes with --shared (arrival order): past the command line, the
+    // store refuses it (SQLite has no queue of waiters).
+    let fair = output(run_rw(
+        &store,
+        &["--shared", "--fair"],
+        "echo SHOULD-NOT-RUN",
+    ));
+    assert_eq!(fair.status.code(), Some(USAGE), "{fair:?}");
+    assert!(
+        String::from_utf8_lossy(&fair.stderr).contains("does not offer fair waiting"),
+        "{fair:?}"
+    );
     std::fs::write(&done, "").unwrap();
     assert_eq!(a.wait().unwrap().code(), Some(0));
     assert_eq!(b.wait().unwrap().code(), Some(0));

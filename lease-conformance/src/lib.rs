@@ -336,6 +336,7 @@ macro_rules! __case_list {
             semaphore_never_exceeds_permits, "C2", "32 contenders on a 4-permit semaphore: never more than 4 hold a permit at once, and each permit's tokens grow";
             semaphore_permit_of_crashed_holder_returns, "C4", "the permits of a crashed holder come back when their leases expire, not before";
             fair_waiters_are_served_in_arrival_order, "C17", "six fair waiters queued behind a holder get the key in the order they arrived (a backend without fair waiting refuses a fair acquire)";
+            fair_read_write_waiters_are_served_in_arrival_order, "C17", "fair read/write waiters (reader, reader, writer, reader) queued behind a writer in their own line are served in arrival order, not by writer preference: the first two readers together, the writer alone, then the last reader";
             fair_queue_skips_dead_and_departed_waiters, "C17", "a fair waiter that gave up leaves the line at once; one that died holds it up until its ticket's TTL (or session) ends";
             election_paused_leader_is_fenced, "C12", "a leader cut off from the store loses its term to a follower once its lease ends, and the fence refuses its late write after the new leader's";
             election_has_one_leader_and_followers_see_each_term, "C2", "3 campaigners lead 2 terms each: one leader at a time, a follower sees every term in token order, and a resignation hands over at once";

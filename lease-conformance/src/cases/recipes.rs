@@ -345,6 +345,93 @@ pub(super) async fn fair_waiters_are_served_in_arrival_order(ctx: Ctx) -> CaseRe
     Ok(())
 }
 
+/// Fair read/write waiters (C17 with C19): behind a writer, two readers, a
+/// writer and a reader queue in that order (in the read/write lease's own
+/// line) and are served in it. Writer preference alone would serve the
+/// waiting writer first; arrival order lets the two readers in together,
+/// then the writer once both left, and the last reader only after the writer.
+pub(super) async fn fair_read_write_waiters_are_served_in_arrival_order(ctx: Ctx) -> CaseResult {
+    let holder = ctx.provider().await?;
+    let key = ctx.key("rw-fair-order")?;
+    let ttl = long_ttl(&*holder);
+    let fair = AcquireOptions::ttl(ttl)
+        .wait(Duration::from_secs(60))
+        .fair();
+    if !holder.capabilities().shared_leases {
+        // The C19 cases check the refusal.
+        return Ok(());
+    }
+    if !declares_fair(&*holder) {
+        let quick = fair.wait(Duration::from_secs(1));
+        return match lease_api::acquire_read(&holder, &key, quick).await {
+            Err(LeaseError::Config(_)) => Ok(()),
+            other => Err(CaseError(format!(
+                "a fair read on a backend without fair waiting answered {other:?}, not a Config error"
+            ))),
+        };
+    }
+    let first = match holder.try_acquire_write(&key, ttl, None).await? {
+        TryAcquire::Acquired(l) => l,
+        TryAcquire::Held { .. } => {
+            return Err(CaseError("a fresh key's writer was refused".into()));
+        }
+    };
+    let line = lease_api::backend::read_write_queue_key(&key);
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    let mut seen = Vec::new();
+    for (i, writes) in [false, false, true, false].into_iter().enumerate() {
+        let p = ctx.provider().await?;
+        let (k, order) = (key.clone(), Arc::clone(&order));
+        tasks.push(tokio::spawn(async move {
+            let got = if writes {
+                lease_api::acquire_write(&p, &k, fair).await?
+            } else {
+                lease_api::acquire_read(&p, &k, fair).await?
+            };
+            let Some(lease) = got else {
+                return Err(CaseError(format!("fair waiter {i} waited 60 s")));
+            };
+            check!(
+                lease.kind().is_read() != writes,
+                "fair waiter {i} got a {:?} lease",
+                lease.kind()
+            );
+            let log = |i| order.lock().unwrap_or_else(|p| p.into_inner()).push(i);
+            log(i);
+            // Long enough for the second reader to come in beside the first
+            // on a loaded machine (it needs a few round trips).
+            sleep(Duration::from_millis(1500)).await;
+            log(i);
+            p.release(&lease).await?;
+            Ok::<_, CaseError>(())
+        }));
+        let seq = await_joined(&*holder, &line, &seen).await?;
+        seen.push(seq);
+    }
+    holder.release(&first).await?;
+    for t in join_all(tasks).await {
+        t.map_err(|e| CaseError(format!("fair waiter panicked: {e}")))??;
+    }
+    let events: Vec<usize> = order.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    // Each index once as it got the key and once as it let go: the readers
+    // 0 and 1 in together, then the writer alone, then reader 3.
+    let together = |pair: &[usize]| {
+        let mut v = pair.to_vec();
+        v.sort_unstable();
+        v == [0, 1]
+    };
+    check!(
+        events.len() == 8
+            && together(&events[0..2])
+            && together(&events[2..4])
+            && events[4..] == [2, 2, 3, 3],
+        "fair read/write waiters held in the order {events:?}, not readers 0 and 1 \
+         together, then writer 2 alone, then reader 3"
+    );
+    Ok(())
+}
+
 /// A fair waiter whose process died (its ticket neither refreshed nor
 /// removed) holds the line up until its ticket's TTL (or session) ends, not
 /// forever; one whose wait ran out leaves the line at once.
