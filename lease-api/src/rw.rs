@@ -42,8 +42,10 @@ use crate::{AcquireOptions, Lease, LeaseError, LeaseKey, Result};
 /// With [`fair`](AcquireOptions::fair), readers and writers are served in
 /// the order they came (C17's queue of waiters): a reader behind a waiting
 /// writer waits for it, and readers that come one after another at the head
-/// of the line enter together. Fair waiters of a key's plain lease and of its
-/// read/write lease stand in one line.
+/// of the line enter together. The read/write lease's fair waiters stand in a
+/// line of their own, apart from the plain lease's. A fair writer that crashed
+/// while first in line leaves its ticket within seconds, but its waiting
+/// record keeps the reader behind it (and so the line) out for up to one TTL.
 ///
 /// # Errors
 /// `Config` for a provider without read/write leases, or a fair wait on one
