@@ -148,7 +148,7 @@ pub use crate::hook::{Answer, Hook, Op, Outcome};
 pub use crate::hub::WatchHub;
 pub use crate::key::{MAX_KEY_BYTES, validate_key_set, validate_namespace, validate_purge_prefix};
 
-/// The key of the queue ([`WaitQueue`](crate::WaitQueue)) in which fair
+/// The key of the queue ([`WaitQueue`]) in which fair
 /// waiters of `key`'s read/write lease stand (C17 with C19): apart from the
 /// plain lease's fair waiters, and longer than [`MAX_KEY_BYTES`], so no
 /// caller's key names it. A backend stores it as any key.
