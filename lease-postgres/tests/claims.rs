@@ -43,6 +43,31 @@ async fn job_table(p: &PostgresProvider, n: i64) -> String {
     table
 }
 
+/// Waits (10 s at most) until the claims of `ids` ran out on the server's
+/// clock, which decides. A claim's local validity ends first, earlier by as
+/// long as the claiming statement took to start on the server: on a loaded
+/// machine more than any fixed slack.
+async fn until_expired_on_the_server(p: &PostgresProvider, table: &str, ids: &[i64]) {
+    let give_up = Instant::now() + Duration::from_secs(10);
+    loop {
+        let live: i64 = sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM {table} WHERE id = ANY($1) AND lease_until > clock_timestamp()"
+        ))
+        .bind(ids)
+        .fetch_one(p.pool().unwrap())
+        .await
+        .unwrap();
+        if live == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < give_up,
+            "the claims of {ids:?} were still live on the server 10 s on"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn count(p: &PostgresProvider, sql: &str) -> i64 {
     sqlx::query_scalar(sql)
         .fetch_one(p.pool().unwrap())
@@ -73,7 +98,8 @@ async fn claims_skip_each_other_follow_filter_and_order_and_stale_workers_change
     assert!(b.token() > a.token());
 
     // a's claim runs out and c takes its rows over with a greater token.
-    tokio::time::sleep_until(a.valid_until() + Duration::from_millis(50)).await;
+    tokio::time::sleep_until(a.valid_until()).await;
+    until_expired_on_the_server(&p, &table, a.ids()).await;
     let mut b = b;
     let extended = queue.extend(&mut b, Duration::from_secs(30)).await.unwrap();
     assert!(extended.all_done());
@@ -116,7 +142,8 @@ async fn completion_inside_the_workers_transaction_commits_with_the_work_or_not_
     )
     .unwrap();
     let slow = queue.claim_next(2).await.unwrap();
-    tokio::time::sleep_until(slow.valid_until() + Duration::from_millis(50)).await;
+    tokio::time::sleep_until(slow.valid_until()).await;
+    until_expired_on_the_server(&p, &table, slow.ids()).await;
     let fast = queue.claim_next(2).await.unwrap();
     assert_eq!(fast.ids(), slow.ids());
     let pool = p.pool().unwrap();

@@ -397,11 +397,18 @@ pub(super) async fn fair_read_write_waiters_are_served_in_arrival_order(ctx: Ctx
                 "fair waiter {i} got a {:?} lease",
                 lease.kind()
             );
+            let events = || order.lock().unwrap_or_else(|p| p.into_inner()).clone();
             let log = |i| order.lock().unwrap_or_else(|p| p.into_inner()).push(i);
             log(i);
-            // Long enough for the second reader to come in beside the first
-            // on a loaded machine (it needs a few round trips).
-            sleep(Duration::from_millis(1500)).await;
+            if i == 0 {
+                // The first reader holds until the second is in beside it
+                // (20 s at most: a reader kept out until it let go shows).
+                let give_up = Instant::now() + Duration::from_secs(20);
+                while !events().contains(&1) && Instant::now() < give_up {
+                    sleep(Duration::from_millis(20)).await;
+                }
+            }
+            sleep(Duration::from_millis(300)).await;
             log(i);
             p.release(&lease).await?;
             Ok::<_, CaseError>(())
