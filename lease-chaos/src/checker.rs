@@ -694,27 +694,11 @@ mod tests {
     }
 
     /// `g` granted as `role` (read/write leases, C19).
-    fn as_role(e: Event, r: Role) -> Event {
-        match e {
-            Event::Grant {
-                role: _,
-                id,
-                invoke,
-                ok,
-                token,
-                valid_until,
-                long,
-            } => Event::Grant {
-                id,
-                invoke,
-                ok,
-                token,
-                valid_until,
-                long,
-                role: r,
-            },
-            other => other,
+    fn as_role(mut e: Event, r: Role) -> Event {
+        if let Event::Grant { role, .. } = &mut e {
+            *role = r;
         }
+        e
     }
 
     /// C19: readers share the key; a writer overlapping a reader, a writer
