@@ -77,6 +77,11 @@ pub enum Notifications {
     Native(&'static str),
     /// No notifications: waiters retry when the holder's TTL runs out.
     TimedRetryOnly,
+    /// No notifications: each waiter reads its key's state at this interval
+    /// (a cheap read by primary key, not an acquire attempt) and tries again
+    /// when the key is free, so a release reaches a waiter within about one
+    /// interval (MySQL and MariaDB, which cannot push).
+    Polled(std::time::Duration),
 }
 
 /// The declared properties of a provider (C15). The conformance suite reads these

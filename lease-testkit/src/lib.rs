@@ -15,6 +15,7 @@ mod assertions;
 pub mod cluster;
 mod env;
 mod etcd;
+mod mysql;
 mod names;
 mod ports;
 mod postgres;
@@ -33,6 +34,7 @@ pub use assertions::{
 };
 pub use env::{HOW_TO_START, pg_bindir, store_url};
 pub use etcd::{etcdctl_tls, owned_etcd, owned_etcd_tls};
+pub use mysql::owned_mysql;
 pub use names::unique;
 pub use ports::{free_port, free_port_and};
 pub use postgres::{owned_postgres, owned_postgres_tls};

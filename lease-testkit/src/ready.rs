@@ -36,6 +36,8 @@ pub enum Readiness {
     /// ZooKeeper: `srvr` shows the server's mode (standalone, leader or
     /// follower), which it does only once it serves clients.
     Zookeeper,
+    /// MariaDB: `SELECT 1` as `root` over TCP answers 1.
+    Mysql,
 }
 
 impl Readiness {
@@ -47,6 +49,7 @@ impl Readiness {
             Readiness::Postgres => "pg_isready, then SELECT 1",
             Readiness::Etcd { .. } => "a linearizable read (etcdctl get --consistency=l)",
             Readiness::Zookeeper => "srvr shows a Mode",
+            Readiness::Mysql => "SELECT 1 as root",
         }
     }
 
@@ -103,6 +106,24 @@ impl Readiness {
                 }
                 cmd.args(["get", "--consistency=l", "lease-testkit-ready"]);
                 run(&mut cmd).map(drop)
+            }
+            Readiness::Mysql => {
+                let one = run(Command::new("timeout").args(["5", "mariadb"]).args([
+                    "-h",
+                    "127.0.0.1",
+                    "-P",
+                    &port.to_string(),
+                    "-u",
+                    "root",
+                    "-N",
+                    "-e",
+                    "SELECT 1",
+                ]))?;
+                if one.trim() == "1" {
+                    Ok(())
+                } else {
+                    Err(format!("SELECT 1 answered {one:?}"))
+                }
             }
             Readiness::Zookeeper => {
                 let answer = tcp_exchange(port, b"srvr")?;

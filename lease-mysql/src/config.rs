@@ -1,0 +1,87 @@
+//! `MysqlConfig`: how to reach MySQL or MariaDB and where the lease table lives.
+
+use std::time::Duration;
+
+use lease_api::backend::DEFAULT_NAMESPACE;
+
+/// How to reach MySQL or MariaDB and where the lease table lives.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct MysqlConfig {
+    /// `mysql://user:password@host:port/database` (also `mariadb://`), with
+    /// sqlx's parameters: `ssl-mode=verify_identity&ssl-ca=/path/ca.pem` for
+    /// TLS that checks the server's certificate and host name.
+    pub url: String,
+    /// The namespace; providers in different namespaces never see each other.
+    pub namespace: String,
+    /// The lease table, in the URL's database. Default `lease_leases`.
+    pub table: String,
+    /// How long to wait for a connection.
+    pub connect_timeout: Duration,
+    /// How long to wait for a statement's answer. The server is told the same
+    /// limit (MariaDB's `max_statement_time`, InnoDB's lock wait timeout), so
+    /// a statement the client gave up on does not commit later.
+    pub response_timeout: Duration,
+    /// How many connections lease statements may use at once (default 10).
+    pub max_connections: u32,
+    /// How often a waiter reads its key's row while the key is held (default
+    /// 50 ms): MySQL has no notifications (see the crate docs).
+    pub poll_interval: Duration,
+    /// Create the table on first use. Default true; turn off when schemas are
+    /// managed elsewhere and call [`MysqlProvider::migrate`](crate::MysqlProvider::migrate) there instead.
+    pub create_table: bool,
+}
+
+impl MysqlConfig {
+    /// A configuration for `url` with defaults for everything else.
+    pub fn new(url: impl Into<String>) -> Self {
+        MysqlConfig {
+            url: url.into(),
+            namespace: DEFAULT_NAMESPACE.into(),
+            table: "lease_leases".into(),
+            connect_timeout: Duration::from_secs(3),
+            response_timeout: Duration::from_secs(3),
+            max_connections: 10,
+            poll_interval: Duration::from_millis(50),
+            create_table: true,
+        }
+    }
+
+    /// Sets the namespace.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = namespace.into();
+        self
+    }
+
+    /// Sets the table (in the URL's database).
+    pub fn table(mut self, table: impl Into<String>) -> Self {
+        self.table = table.into();
+        self
+    }
+
+    /// Sets both timeouts.
+    pub fn timeouts(mut self, connect: Duration, response: Duration) -> Self {
+        self.connect_timeout = connect;
+        self.response_timeout = response;
+        self
+    }
+
+    /// Sets how many connections lease statements may use.
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n.max(1);
+        self
+    }
+
+    /// Sets how often waiters read a held key's row (at least 5 ms).
+    pub fn poll_interval(mut self, every: Duration) -> Self {
+        self.poll_interval = every.max(Duration::from_millis(5));
+        self
+    }
+
+    /// Creates the table on first use (the default), or leaves it to
+    /// [`MysqlProvider::migrate`](crate::MysqlProvider::migrate) run elsewhere.
+    pub fn create_table(mut self, create: bool) -> Self {
+        self.create_table = create;
+        self
+    }
+}

@@ -1,0 +1,154 @@
+//! The connections the lease statements run on.
+//!
+//! sqlx's pool pings every connection when it goes back to the pool, a
+//! second round trip per operation. These slots hand out plain connections
+//! instead, so an operation is exactly its one statement. What the ping
+//! protected against is handled here:
+//!
+//! - a connection whose statement was cut off (a timeout dropped the future,
+//!   an I/O or protocol error) is closed, never reused, because its protocol
+//!   state is unknown;
+//! - a connection that sat idle for [`PING_IF_IDLE_FOR`] is pinged before
+//!   use, because only an idle one can have been cut without us noticing (a
+//!   server restart, `KILL`, `wait_timeout`, a proxy's idle timeout).
+//!
+//! Every connection is set up with the session settings the provider relies
+//! on (see [`session_setup`]).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
+use sqlx::{ConnectOptions, Connection};
+use tokio::sync::{Mutex, MutexGuard};
+use tokio::time::Instant;
+
+/// A connection idle this long is pinged before it is used again.
+pub(crate) const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
+
+struct Open {
+    conn: MySqlConnection,
+    last_used: Instant,
+}
+
+pub(crate) struct Conns {
+    slots: Box<[Mutex<Option<Open>>]>,
+    next: AtomicUsize,
+    options: MySqlConnectOptions,
+    setup: String,
+}
+
+/// One slot, checked out: its connection is taken out of the slot and only
+/// put back by [`Checkout::done`]. Dropped without it, the connection is
+/// closed and the slot left empty.
+pub(crate) struct Checkout<'a> {
+    slot: MutexGuard<'a, Option<Open>>,
+    open: Open,
+}
+
+/// The session settings every connection gets, in one statement:
+///
+/// - `STRICT_ALL_TABLES`: a value that does not fit is an error, never
+///   silently cut (a key, a token), whatever the server's default mode;
+/// - `innodb_lock_wait_timeout`: a statement waiting on a row lock (a
+///   fenced transaction holding the row) gives up within the response
+///   timeout (whole seconds, at least 1);
+/// - on MariaDB (the `/*M! */` comment is run by MariaDB only),
+///   `max_statement_time`: the server ends a statement the client has given
+///   up on, so no late acquire commits unseen. MySQL has no such limit for
+///   writes; there a statement cut off by the client can still commit, and
+///   its lease runs out by its TTL.
+pub(crate) fn session_setup(limit: Duration) -> String {
+    let lock_wait = limit.as_secs().max(1);
+    let statement = limit.as_secs_f64().max(0.001);
+    format!(
+        "SET SESSION sql_mode = CONCAT(@@SESSION.sql_mode, ',STRICT_ALL_TABLES'), \
+         innodb_lock_wait_timeout = {lock_wait} /*M!, max_statement_time = {statement:.3} */"
+    )
+}
+
+impl Conns {
+    pub(crate) fn new(options: MySqlConnectOptions, size: u32, statement_limit: Duration) -> Self {
+        let size = usize::try_from(size.max(1)).unwrap_or(1);
+        Conns {
+            slots: (0..size).map(|_| Mutex::new(None)).collect(),
+            next: AtomicUsize::new(0),
+            options,
+            setup: session_setup(statement_limit),
+        }
+    }
+
+    /// A free slot with a live connection: an open one if any is free, else
+    /// a free empty slot (connecting), else the next slot in turn (waiting).
+    pub(crate) async fn checkout(&self) -> Result<Checkout<'_>, sqlx::Error> {
+        let n = self.slots.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        let mut slot = None;
+        let mut empty = None;
+        for i in 0..n {
+            if let Ok(g) = self.slots[(start + i) % n].try_lock() {
+                if g.is_some() {
+                    slot = Some(g);
+                    break;
+                }
+                if empty.is_none() {
+                    empty = Some(g);
+                }
+            }
+        }
+        let mut slot = match slot.or(empty) {
+            Some(g) => g,
+            None => self.slots[start].lock().await,
+        };
+        let mut open = slot.take();
+        if let Some(o) = open.as_mut()
+            && o.last_used.elapsed() >= PING_IF_IDLE_FOR
+            && o.conn.ping().await.is_err()
+        {
+            open = None;
+        }
+        let open = match open {
+            Some(o) => o,
+            None => Open {
+                conn: self.connect().await?,
+                last_used: Instant::now(),
+            },
+        };
+        Ok(Checkout { slot, open })
+    }
+
+    /// A new connection with the session settings.
+    pub(crate) async fn connect(&self) -> Result<MySqlConnection, sqlx::Error> {
+        let mut conn = self.options.connect().await?;
+        sqlx::query(&self.setup).execute(&mut conn).await?;
+        Ok(conn)
+    }
+}
+
+impl Checkout<'_> {
+    /// The connection, for one statement.
+    pub(crate) fn conn(&mut self) -> &mut MySqlConnection {
+        &mut self.open.conn
+    }
+
+    /// Hands the connection back after its statement answered with `result`:
+    /// kept after a success or an ordinary database error (the protocol is
+    /// in step), closed after anything else.
+    pub(crate) fn done<T>(self, result: &Result<T, sqlx::Error>) {
+        let keep = match result {
+            Ok(_) => true,
+            // 1927 connection killed, 1053 server shutdown, 2006/2013 gone,
+            // 1969 statement time exceeded (the session lives, but the
+            // answer was an interruption: start clean).
+            Err(sqlx::Error::Database(d)) => !d
+                .code()
+                .is_some_and(|c| matches!(c.as_ref(), "1927" | "1053" | "2006" | "2013" | "1969")),
+            Err(_) => false,
+        };
+        let Checkout { mut slot, mut open } = self;
+        if keep {
+            open.last_used = Instant::now();
+            *slot = Some(open);
+        }
+    }
+}

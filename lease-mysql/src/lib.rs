@@ -1,0 +1,117 @@
+//! # lease-mysql: leases in a MySQL or MariaDB table
+//!
+//! [`MysqlProvider`] keeps one row per key and times every lease by the
+//! **database clock** (`UTC_TIMESTAMP(6)`), never the client's. For teams
+//! whose services already share MySQL or MariaDB and would rather not run
+//! another store; [`MysqlProvider::begin_fenced`] checks the lease inside the
+//! same transaction as the business write.
+//!
+//! ```no_run
+//! # async fn demo() -> lease_api::Result<()> {
+//! use std::time::Duration;
+//! use lease_api::{LeaseKey, LeaseProvider};
+//! use lease_mysql::{MysqlConfig, MysqlProvider};
+//!
+//! let provider = MysqlProvider::new(
+//!     MysqlConfig::new("mysql://app:secret@127.0.0.1:3306/app").namespace("billing"),
+//! )?;
+//! let key = LeaseKey::new("settlement/2026-12-07")?;
+//! if let Some(lease) = provider.try_acquire(&key, Duration::from_secs(30)).await?.into_lease() {
+//!     println!("holding {key} with fencing token {}", lease.token());
+//!     provider.release(&lease).await?;
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! ## Table layout
+//!
+//! ```sql
+//! CREATE TABLE `lease_leases` (
+//!     namespace  VARBINARY(255)   NOT NULL,
+//!     k          VARBINARY(1024)  NOT NULL,
+//!     owner      VARBINARY(32)    NULL,      -- 32 hex digits; NULL once released
+//!     token      BIGINT UNSIGNED  NOT NULL,  -- grows by one per acquisition, kept on release
+//!     expires_at DATETIME(6)      NULL,      -- UTC, database clock
+//!     holder     VARBINARY(255)   NULL,      -- who holds it, for people (`user@host:pid`)
+//!     PRIMARY KEY (namespace, k)
+//! ) ENGINE=InnoDB;
+//! ```
+//!
+//! Keys and namespaces are **binary** columns: they compare byte for byte,
+//! so `a`, `A`, `a ` (a trailing space) and `á` are four keys, whatever the
+//! server's default collation would fold or pad. The table name is validated
+//! as an identifier and lives in the URL's database; every value is a bind
+//! parameter. The table is created on first use, or by
+//! [`MysqlProvider::migrate`] when `create_table` is off.
+//!
+//! ## One statement per operation
+//!
+//! - acquire: `INSERT .. ON DUPLICATE KEY UPDATE` whose assignments take the
+//!   row only when it is released or expired. The row is locked by the
+//!   statement, so at most one of any number of concurrent callers wins. The
+//!   winner learns its token from the same answer: the statement sets
+//!   `LAST_INSERT_ID()` to the new token, or to 0 when the key was held, and
+//!   the server sends it back with the row count. A caller that lost asks
+//!   once more, for the holder's remaining time.
+//! - extend / release: an `UPDATE` guarded by namespace, key, owner, token
+//!   and `expires_at > UTC_TIMESTAMP(6)`. Released rows keep their token, so
+//!   tokens keep growing.
+//! - inspect: a `SELECT` of the live row.
+//!
+//! These run on connections of their own, not sqlx's pool (which pings each
+//! connection it takes back, a second round trip). Every connection sets
+//! `STRICT_ALL_TABLES` (a value that does not fit is an error, never cut),
+//! an InnoDB lock wait within the response timeout, and on MariaDB
+//! `max_statement_time`, so the server ends a statement the client gave up
+//! on and no late acquire commits unseen. [`MysqlProvider::migrate`] refuses
+//! a server on which the session is not strict.
+//!
+//! ## Expiry clock
+//!
+//! `UTC_TIMESTAMP(6)` is the database server's wall clock, read once per
+//! statement, in UTC whatever `@@time_zone` says (expiry times are
+//! `DATETIME(6)` in UTC, never converted). Clients' clocks never matter. If
+//! the server's clock is stepped (an NTP step, `date -s`), leases expire
+//! early or late by that step: run NTP with slewing on database hosts.
+//! `ExpiryClock::StoreServer` declares this.
+//!
+//! ## Waiting
+//!
+//! MySQL and MariaDB have no LISTEN/NOTIFY. A waiter reads its key's row (a
+//! primary-key read, no lock) every poll interval (default 50 ms) and makes
+//! an acquire attempt only when the row says the key is free, so a release
+//! reaches a waiter within about one interval and a long wait makes few
+//! acquire attempts. `Notifications::Polled` declares it.
+//!
+//! ## TLS and authentication
+//!
+//! TLS follows sqlx's URL parameters: `ssl-mode=verify_identity&ssl-ca=/path/ca.pem`
+//! verifies the server's certificate and host name (rustls). A wrong
+//! password, a missing privilege or a failed certificate check is
+//! [`LeaseError::Denied`](lease_api::LeaseError::Denied), never
+//! `Unavailable`. The provider shows the server as `mysql://host:port`,
+//! never the URL.
+//!
+//! ## Fencing tokens and durability
+//!
+//! Tokens are InnoDB rows. The probe reads `innodb_flush_log_at_trx_commit`:
+//! at 1 every commit is on disk before it returns and tokens are declared
+//! durable; otherwise a crash can lose the last second of commits, and the
+//! declaration says so.
+//!
+//! ## Not yet here
+//!
+//! Read/write leases, fair waiting and atomic multi-key sets are declared
+//! absent (`Config` errors; sets are taken key by key, in key order).
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod config;
+mod conns;
+mod ops;
+mod provider;
+mod sql;
+mod watch;
+
+pub use config::MysqlConfig;
+pub use provider::MysqlProvider;

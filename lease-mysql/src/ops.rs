@@ -1,0 +1,172 @@
+//! The lease operations of `MysqlProvider`: acquire, extend, release,
+//! inspect and watch, one statement each.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lease_api::backend::{KeyWatch, OwnerId};
+use lease_api::{
+    Capabilities, Lease, LeaseError, LeaseInfo, LeaseKey, LeaseProvider, Result, TryAcquire,
+};
+use sqlx::Row;
+use tokio::time::Instant;
+
+use crate::provider::{MysqlProvider, from_micros, in_runtime, micros, token};
+use crate::watch::PollWatch;
+
+#[async_trait]
+impl LeaseProvider for MysqlProvider {
+    fn capabilities(&self) -> &Capabilities {
+        self.inner.caps.get()
+    }
+
+    fn namespace(&self) -> &str {
+        &self.inner.namespace
+    }
+
+    async fn try_acquire(&self, key: &LeaseKey, ttl: Duration) -> Result<TryAcquire> {
+        let ttl = self.capabilities().grant_ttl(ttl)?;
+        self.ready().await?;
+        let owner = OwnerId::random();
+        let holder = lease_api::holder();
+        let sent_at = Instant::now();
+        let done = self
+            .bounded("acquire", async {
+                let mut c = self.inner.conns.checkout().await?;
+                let r = sqlx::query(&self.inner.sql.acquire)
+                    .bind(self.inner.namespace.as_bytes())
+                    .bind(key.as_str().as_bytes())
+                    .bind(owner.to_hex())
+                    .bind(micros(ttl))
+                    .bind(holder.as_bytes())
+                    .execute(c.conn())
+                    .await;
+                c.done(&r);
+                r
+            })
+            .await?;
+        // The statement leaves the new token in LAST_INSERT_ID, or 0 when
+        // the key was held (see `sql::WON`).
+        let won = done.last_insert_id();
+        if won > 0 {
+            return Ok(TryAcquire::Acquired(
+                Lease::new(key.clone(), token(won), owner, ttl, sent_at).with_holder(holder),
+            ));
+        }
+        // Held: how long for, as a hint for the waiter (it may have ended
+        // meanwhile; the waiter's watch reads the row anyway).
+        let remaining: Option<i64> = self
+            .bounded("acquire", async {
+                let mut c = self.inner.conns.checkout().await?;
+                let r = sqlx::query_scalar(&self.inner.sql.held)
+                    .bind(self.inner.namespace.as_bytes())
+                    .bind(key.as_str().as_bytes())
+                    .fetch_optional(c.conn())
+                    .await;
+                c.done(&r);
+                r
+            })
+            .await?;
+        Ok(TryAcquire::Held {
+            remaining: remaining.map(from_micros),
+        })
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        let ttl = self.capabilities().grant_ttl(ttl)?;
+        self.ready().await?;
+        let sent_at = Instant::now();
+        let done = self
+            .bounded("extend", async {
+                let mut c = self.inner.conns.checkout().await?;
+                let r = sqlx::query(&self.inner.sql.extend)
+                    .bind(micros(ttl))
+                    .bind(self.inner.namespace.as_bytes())
+                    .bind(lease.key().as_str().as_bytes())
+                    .bind(lease.owner().to_hex())
+                    .bind(lease.token().get())
+                    .execute(c.conn())
+                    .await;
+                c.done(&r);
+                r
+            })
+            .await?;
+        // Matched rows (sqlx asks for CLIENT_FOUND_ROWS): 1 while held.
+        if done.rows_affected() == 1 {
+            Ok(lease.renewed(ttl, sent_at))
+        } else {
+            Err(LeaseError::lost(lease))
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        self.ready().await?;
+        let done = self
+            .bounded("release", async {
+                let mut c = self.inner.conns.checkout().await?;
+                let r = sqlx::query(&self.inner.sql.release)
+                    .bind(self.inner.namespace.as_bytes())
+                    .bind(lease.key().as_str().as_bytes())
+                    .bind(lease.owner().to_hex())
+                    .bind(lease.token().get())
+                    .execute(c.conn())
+                    .await;
+                c.done(&r);
+                r
+            })
+            .await?;
+        if done.rows_affected() == 1 {
+            Ok(())
+        } else {
+            Err(LeaseError::not_held(lease))
+        }
+    }
+
+    async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>> {
+        // Reading never creates or alters the table: a table that does not
+        // exist (1146) holds no lease.
+        in_runtime()?;
+        self.start_probe();
+        let row = self
+            .bounded("inspect", async {
+                let mut c = self.inner.conns.checkout().await?;
+                let r = sqlx::query(&self.inner.sql.inspect)
+                    .bind(self.inner.namespace.as_bytes())
+                    .bind(key.as_str().as_bytes())
+                    .fetch_optional(c.conn())
+                    .await;
+                c.done(&r);
+                match r {
+                    Err(e) if crate::provider::error_number(&e) == Some(1146) => Ok(None),
+                    r => r,
+                }
+            })
+            .await?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let decode = |e: sqlx::Error| self.map_err(e);
+        let token: u64 = row.try_get(0).map_err(decode)?;
+        let owner: Option<Vec<u8>> = row.try_get(1).map_err(decode)?;
+        let remaining: i64 = row.try_get(2).map_err(decode)?;
+        let holder: Option<Vec<u8>> = row.try_get(3).map_err(decode)?;
+        Ok(Some(LeaseInfo::new(
+            crate::provider::token(token),
+            from_micros(remaining),
+            owner
+                .as_deref()
+                .and_then(|o| std::str::from_utf8(o).ok())
+                .and_then(OwnerId::from_hex),
+            holder.map(|h| String::from_utf8_lossy(&h).into_owned()),
+        )))
+    }
+
+    async fn watch(&self, key: &LeaseKey) -> Result<Box<dyn KeyWatch>> {
+        let watch = PollWatch::start(self.clone(), key.clone()).await?;
+        Ok(Box::new(watch))
+    }
+
+    fn watch_reports_state(&self) -> bool {
+        false
+    }
+}

@@ -1,0 +1,422 @@
+//! `MysqlProvider`: the struct, its connections and pool, the migration, the
+//! probe and the helpers every operation uses.
+
+use std::str::FromStr;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use lease_api::backend::{DEFAULT_MAX_TTL, MultiKey, ProbedCapabilities, validate_namespace};
+use lease_api::{
+    Capabilities, ExpiryClock, FencingToken, Lease, LeaseError, Notifications, Result,
+    TokenDurability,
+};
+use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlDatabaseError, MySqlPool, MySqlPoolOptions};
+use sqlx::{Row, Transaction};
+use tokio::sync::OnceCell;
+
+use crate::config::MysqlConfig;
+use crate::conns::{Conns, PING_IF_IDLE_FOR, session_setup};
+use crate::sql::{Statements, validate_identifier};
+
+pub(crate) struct Inner {
+    /// Made on first use: the pool spawns tasks, so it needs a runtime.
+    pub(crate) pool: OnceLock<MySqlPool>,
+    /// The connections acquire, extend, release and inspect run on.
+    pub(crate) conns: Conns,
+    pub(crate) connect_options: MySqlConnectOptions,
+    pub(crate) pool_options: MySqlPoolOptions,
+    pub(crate) sql: Statements,
+    pub(crate) namespace: String,
+    pub(crate) create_table: bool,
+    pub(crate) migrated: OnceCell<()>,
+    pub(crate) response_timeout: Duration,
+    pub(crate) poll_interval: Duration,
+    pub(crate) caps: ProbedCapabilities,
+    pub(crate) display: String,
+}
+
+/// Leases in a MySQL or MariaDB table, timed by the database clock.
+///
+/// Acquire, extend, release and inspect are one statement each, one round
+/// trip on the wire. Clones share their connections. See the crate docs.
+#[derive(Clone)]
+pub struct MysqlProvider {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for MysqlProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MysqlProvider")
+            .field("server", &self.inner.display)
+            .field("namespace", &self.inner.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The server's error number (`ER_*`), for a database error.
+pub(crate) fn error_number(e: &sqlx::Error) -> Option<u16> {
+    match e {
+        sqlx::Error::Database(d) => d
+            .try_downcast_ref::<MySqlDatabaseError>()
+            .map(MySqlDatabaseError::number),
+        _ => None,
+    }
+}
+
+/// A failed TLS handshake or certificate check, a refused login (1045 access
+/// denied, 1044 no access to the database, 1698 no password login, 3159 TLS
+/// required) or a missing privilege (1142, 1143, 1227).
+fn is_denied(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Tls(_))
+        || matches!(e, sqlx::Error::Io(io) if io.get_ref().is_some_and(|i| lease_api::backend::is_tls_refusal(i)))
+        || matches!(
+            error_number(e),
+            Some(1044 | 1045 | 1142 | 1143 | 1227 | 1698 | 3159)
+        )
+}
+
+/// Errors that may pass: the server is down, restarting, overloaded, or
+/// timed a statement out; a lock wait or deadlock (1205, 1213; Galera's
+/// certification conflict is reported as 1213); too many connections (1040);
+/// the connection killed or the server shutting down (1927, 1053, 2006,
+/// 2013); a statement over `max_statement_time` (1969); a Galera node that
+/// is not ready (1047).
+fn is_unavailable(e: &sqlx::Error) -> bool {
+    matches!(
+        e,
+        sqlx::Error::Io(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed
+            | sqlx::Error::Protocol(_)
+    ) || matches!(
+        error_number(e),
+        Some(1040 | 1047 | 1053 | 1205 | 1213 | 1927 | 1969 | 2006 | 2013)
+    )
+}
+
+/// The URL as sqlx reads it: `mariadb://` is `mysql://`.
+fn sqlx_url(url: &str) -> Result<String> {
+    if let Some(rest) = url.strip_prefix("mariadb://") {
+        Ok(format!("mysql://{rest}"))
+    } else if url.starts_with("mysql://") {
+        Ok(url.to_owned())
+    } else {
+        Err(LeaseError::Config(
+            "a MySQL URL starts with mysql:// or mariadb://".into(),
+        ))
+    }
+}
+
+impl MysqlProvider {
+    /// Sets up a provider. Connections are made on first use, so this does
+    /// not fail when the database is down; operations then return
+    /// `Unavailable`.
+    ///
+    /// # Errors
+    /// [`LeaseError::Config`] for a malformed URL, namespace or table name.
+    pub fn new(config: MysqlConfig) -> Result<Self> {
+        validate_namespace(&config.namespace)?;
+        validate_identifier("table", &config.table)?;
+        let url = sqlx_url(&config.url)?;
+        // rustls needs its crypto provider chosen once per process (ssl-mode).
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let options = MySqlConnectOptions::from_str(&url).map_err(|e| {
+            // sqlx's message may quote the URL, password and all: say only what is wrong.
+            let what = match e {
+                sqlx::Error::Configuration(c) => c.to_string().replace(&config.url, "<url>"),
+                _ => "unreadable".into(),
+            };
+            LeaseError::Config(format!("the MySQL URL is not valid: {what}"))
+        })?;
+        if options.get_database().is_none_or(str::is_empty) {
+            return Err(LeaseError::Config(
+                "the MySQL URL must name a database: mysql://user@host:3306/database".into(),
+            ));
+        }
+        let options = options.statement_cache_capacity(32);
+        let display = format!("mysql://{}:{}", options.get_host(), options.get_port());
+        let setup = session_setup(config.response_timeout);
+        let pool_options = MySqlPoolOptions::new()
+            .max_connections(config.max_connections)
+            .min_connections(0)
+            .acquire_timeout(config.connect_timeout)
+            .test_before_acquire(false)
+            .after_connect(move |conn, _| {
+                let setup = setup.clone();
+                Box::pin(async move {
+                    sqlx::query(&setup).execute(&mut *conn).await?;
+                    Ok(())
+                })
+            })
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= PING_IF_IDLE_FOR {
+                        sqlx::Connection::ping(conn).await?;
+                    }
+                    Ok(true)
+                })
+            });
+        let base = Capabilities::new(
+            "mysql",
+            ExpiryClock::StoreServer,
+            Notifications::Polled(config.poll_interval),
+        )
+        // DATETIME(6): microseconds; a TTL under 10 ms is a unit mistake.
+        .with_ttl_limits(Duration::from_millis(10), DEFAULT_MAX_TTL)
+        .with_expiry_slack(Duration::from_millis(5))
+        .with_multi_key(MultiKey::in_key_order())
+        .with_durable_tokens(TokenDurability::Unknown(
+            "not yet probed: tokens are InnoDB rows, durable when innodb_flush_log_at_trx_commit is 1"
+                .into(),
+        ));
+        Ok(MysqlProvider {
+            inner: Arc::new(Inner {
+                pool: OnceLock::new(),
+                conns: Conns::new(
+                    options.clone(),
+                    config.max_connections,
+                    config.response_timeout,
+                ),
+                connect_options: options,
+                pool_options,
+                sql: Statements::new(&config.table),
+                namespace: config.namespace,
+                create_table: config.create_table,
+                migrated: OnceCell::new(),
+                response_timeout: config.response_timeout,
+                poll_interval: config.poll_interval,
+                caps: ProbedCapabilities::new(base),
+                display,
+            }),
+        })
+    }
+
+    /// A provider for `url` with defaults for everything else.
+    ///
+    /// # Errors
+    /// As [`MysqlProvider::new`].
+    pub fn from_url(url: &str) -> Result<Self> {
+        Self::new(MysqlConfig::new(url))
+    }
+
+    /// The pool, to run your own statements (for example inside
+    /// [`begin_fenced`](Self::begin_fenced)'s transaction). Made on first use.
+    ///
+    /// # Errors
+    /// [`LeaseError::Config`] when called outside a tokio runtime.
+    pub fn pool(&self) -> Result<&MySqlPool> {
+        if let Some(p) = self.inner.pool.get() {
+            return Ok(p);
+        }
+        in_runtime()?;
+        Ok(self.inner.pool.get_or_init(|| {
+            self.inner
+                .pool_options
+                .clone()
+                .connect_lazy_with(self.inner.connect_options.clone())
+        }))
+    }
+
+    pub(crate) fn map_err(&self, e: sqlx::Error) -> LeaseError {
+        let server = &self.inner.display;
+        if is_denied(&e) {
+            LeaseError::denied(
+                format!(
+                    "MySQL at {server} refused our credentials, certificate check or permissions"
+                ),
+                e,
+            )
+        } else if is_unavailable(&e) {
+            LeaseError::unavailable(format!("MySQL at {server} is unreachable"), e)
+        } else {
+            LeaseError::backend(format!("MySQL at {server} answered with an error"), e)
+        }
+    }
+
+    pub(crate) async fn bounded<T>(
+        &self,
+        what: &'static str,
+        f: impl std::future::Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T> {
+        lease_api::backend::bounded(what, self.inner.response_timeout, f, |e| self.map_err(e)).await
+    }
+
+    /// Creates the lease table if it does not exist, and checks that the
+    /// session is in strict mode (a value that does not fit is an error, not
+    /// silently cut). Safe to run from many processes at once.
+    ///
+    /// # Errors
+    /// `Unavailable` when the database is down; `Denied` without the
+    /// privilege; `Config` when strict mode cannot be set.
+    pub async fn migrate(&self) -> Result<()> {
+        let create = &self.inner.sql.create_table;
+        let mode: String = self
+            .bounded("the migration", async {
+                let mut c = self.inner.conns.checkout().await?;
+                let r = async {
+                    sqlx::query(create).execute(c.conn()).await?;
+                    sqlx::query_scalar("SELECT @@SESSION.sql_mode")
+                        .fetch_one(c.conn())
+                        .await
+                }
+                .await;
+                c.done(&r);
+                r
+            })
+            .await?;
+        if !mode.split(',').any(|m| m.starts_with("STRICT_")) {
+            return Err(LeaseError::Config(format!(
+                "MySQL at {} runs our sessions with sql_mode {mode:?}, not strict: a key or token that does not fit would be cut silently",
+                self.inner.display
+            )));
+        }
+        Ok(())
+    }
+
+    /// Deletes the rows of every namespace whose name starts with `prefix`,
+    /// whoever holds them, and returns how many went. Tokens of those keys
+    /// start again afterwards: only for namespaces nobody uses any more.
+    ///
+    /// # Errors
+    /// `Config` for an empty prefix; `Unavailable` when the database is down.
+    pub async fn purge_namespaces(&self, prefix: &str) -> Result<u64> {
+        lease_api::backend::validate_purge_prefix(prefix)?;
+        let done = self
+            .bounded(
+                "purge",
+                sqlx::query(&self.inner.sql.purge)
+                    .bind(prefix.as_bytes())
+                    .bind(prefix.as_bytes())
+                    .execute(self.pool()?),
+            )
+            .await;
+        match done {
+            Ok(d) => Ok(d.rows_affected()),
+            // No table: nothing to purge.
+            Err(LeaseError::Backend { .. }) => Ok(0),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub(crate) async fn ready(&self) -> Result<()> {
+        in_runtime()?;
+        self.start_probe();
+        if !self.inner.create_table {
+            return Ok(());
+        }
+        self.inner
+            .migrated
+            .get_or_try_init(|| self.migrate())
+            .await
+            .map(|_| ())
+    }
+
+    /// Asks the server whether a commit survives a crash
+    /// (`innodb_flush_log_at_trx_commit`) and returns the capabilities with
+    /// that answer. Happens by itself in the background on first use.
+    ///
+    /// # Errors
+    /// `Unavailable` when the database cannot be reached.
+    pub async fn probe(&self) -> Result<Capabilities> {
+        let row = self
+            .bounded(
+                "the probe",
+                sqlx::query("SELECT VERSION(), @@GLOBAL.innodb_flush_log_at_trx_commit")
+                    .fetch_one(self.pool()?),
+            )
+            .await?;
+        let version: String = row.try_get(0).unwrap_or_default();
+        let flush: i64 = row
+            .try_get::<u64, _>(1)
+            .map(|v| i64::try_from(v).unwrap_or(-1))
+            .or_else(|_| row.try_get::<i64, _>(1))
+            .unwrap_or(-1);
+        let durable = if flush == 1 {
+            TokenDurability::Durable(format!(
+                "tokens are InnoDB rows, flushed to disk at every commit (innodb_flush_log_at_trx_commit 1, {version}); released rows keep them"
+            ))
+        } else {
+            TokenDurability::Volatile(format!(
+                "innodb_flush_log_at_trx_commit is {flush} ({version}): a crash can lose the last second of commits and reissue tokens"
+            ))
+        };
+        Ok(self.inner.caps.record(durable))
+    }
+
+    pub(crate) fn start_probe(&self) {
+        if self.inner.caps.begin() {
+            let this = self.clone();
+            tokio::spawn(async move {
+                if this.probe().await.is_err() {
+                    this.inner.caps.failed();
+                }
+            });
+        }
+    }
+
+    /// Begins a transaction that holds the lease row `LOCK IN SHARE MODE`
+    /// (`FOR SHARE`) after checking that `lease` (owner, token) is still held
+    /// and not expired on the database clock. Run the protected writes in it
+    /// and commit: they commit only while the lease is held, because a
+    /// takeover must update that row and waits for this transaction to end.
+    /// Keep it short: renewals of the same lease wait too.
+    ///
+    /// ```no_run
+    /// # async fn demo(provider: lease_mysql::MysqlProvider, lease: lease_api::Lease) -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut tx = provider.begin_fenced(&lease).await?;
+    /// sqlx::query("UPDATE ledger SET settled = 1 WHERE batch = ?")
+    ///     .bind(42_i64)
+    ///     .execute(&mut *tx)
+    ///     .await?;
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// `Lost` when the lease is no longer held (nothing is written);
+    /// `Unavailable` when the database cannot be reached.
+    pub async fn begin_fenced(&self, lease: &Lease) -> Result<Transaction<'static, MySql>> {
+        self.ready().await?;
+        let mut tx = self.bounded("BEGIN", self.pool()?.begin()).await?;
+        let held = self
+            .bounded(
+                "the fence check",
+                sqlx::query(&self.inner.sql.fence)
+                    .bind(self.inner.namespace.as_bytes())
+                    .bind(lease.key().as_str().as_bytes())
+                    .bind(lease.owner().to_hex())
+                    .bind(lease.token().get())
+                    .fetch_optional(&mut *tx),
+            )
+            .await?;
+        if held.is_none() {
+            // Dropping the transaction rolls it back.
+            return Err(LeaseError::lost(lease));
+        }
+        Ok(tx)
+    }
+}
+
+/// Connections and the background tasks need a tokio runtime: say so
+/// instead of panicking inside tokio.
+pub(crate) fn in_runtime() -> Result<()> {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return Err(LeaseError::Config(
+            "MysqlProvider must be used inside a tokio runtime".into(),
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+pub(crate) fn from_micros(us: i64) -> Duration {
+    Duration::from_micros(u64::try_from(us).unwrap_or(0))
+}
+
+pub(crate) fn token(t: u64) -> FencingToken {
+    FencingToken(t)
+}

@@ -1,0 +1,130 @@
+//! The statements, built once per provider from the validated table name.
+//!
+//! Every statement reads the database clock with `UTC_TIMESTAMP(6)`, which
+//! MySQL and MariaDB evaluate once per statement, so one statement sees one
+//! instant. It does not depend on the session's `time_zone`.
+
+use lease_api::LeaseError;
+
+/// Checks a table name: a letter or `_`, then letters, digits or `_`, at most
+/// 64 bytes (MySQL's limit). Quoted in SQL anyway; this keeps names sane and
+/// keeps anything that could close the quote out.
+pub(crate) fn validate_identifier(what: &str, name: &str) -> Result<(), LeaseError> {
+    let mut chars = name.chars();
+    let ok_first = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+    let ok_rest = chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if ok_first && ok_rest && name.len() <= 64 {
+        Ok(())
+    } else {
+        Err(LeaseError::Config(format!(
+            "invalid {what} {name:?}: use 1-64 ASCII letters, digits and underscores, not starting with a digit"
+        )))
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Statements {
+    pub create_table: String,
+    pub acquire: String,
+    pub held: String,
+    pub extend: String,
+    pub release: String,
+    pub inspect: String,
+    pub state: String,
+    pub fence: String,
+    pub purge: String,
+}
+
+/// Who won an acquire: the statement leaves `LAST_INSERT_ID()` (sent back
+/// in the answer) at the new token when it took the key, at 0 when not.
+///
+/// `ON DUPLICATE KEY UPDATE` assigns columns left to right, each later one
+/// seeing the earlier ones' new values. So `owner` is decided first, from
+/// the row as it was; every later column asks whether `owner` is now this
+/// attempt's (a fresh random id), which is true exactly when it won.
+const WON: &str = "owner <=> VALUES(owner)";
+
+impl Statements {
+    pub(crate) fn new(table: &str) -> Self {
+        let t = format!("`{table}`");
+        let now = "UTC_TIMESTAMP(6)";
+        let remaining = format!("TIMESTAMPDIFF(MICROSECOND, {now}, expires_at)");
+        Statements {
+            // Binary columns: keys compare byte for byte, so `a`, `A`, `a `
+            // and `á` are four keys, whatever the server's default collation.
+            create_table: format!(
+                "CREATE TABLE IF NOT EXISTS {t} (
+                    namespace  VARBINARY(255)   NOT NULL,
+                    k          VARBINARY(1024)  NOT NULL,
+                    owner      VARBINARY(32)    NULL,
+                    token      BIGINT UNSIGNED  NOT NULL,
+                    expires_at DATETIME(6)      NULL,
+                    holder     VARBINARY(255)   NULL,
+                    PRIMARY KEY (namespace, k)
+                ) ENGINE=InnoDB"
+            ),
+            acquire: format!(
+                "INSERT INTO {t} (namespace, k, owner, token, expires_at, holder)
+                 VALUES (?, ?, ?, LAST_INSERT_ID(1), {now} + INTERVAL ? MICROSECOND, ?)
+                 ON DUPLICATE KEY UPDATE
+                    owner = IF(owner IS NULL OR expires_at <= {now}, VALUES(owner), owner),
+                    token = IF({WON}, LAST_INSERT_ID(token + 1), token + LAST_INSERT_ID(0)),
+                    expires_at = IF({WON}, VALUES(expires_at), expires_at),
+                    holder = IF({WON}, VALUES(holder), holder)"
+            ),
+            held: format!(
+                "SELECT {remaining} FROM {t}
+                  WHERE namespace = ? AND k = ? AND owner IS NOT NULL AND expires_at > {now}"
+            ),
+            extend: format!(
+                "UPDATE {t} SET expires_at = {now} + INTERVAL ? MICROSECOND
+                  WHERE namespace = ? AND k = ? AND owner = ? AND token = ? AND expires_at > {now}"
+            ),
+            release: format!(
+                "UPDATE {t} SET owner = NULL, expires_at = NULL, holder = NULL
+                  WHERE namespace = ? AND k = ? AND owner = ? AND token = ? AND expires_at > {now}"
+            ),
+            inspect: format!(
+                "SELECT token, owner, {remaining}, holder FROM {t}
+                  WHERE namespace = ? AND k = ? AND owner IS NOT NULL AND expires_at > {now}"
+            ),
+            // What a waiter reads: the token, and whether the key is free.
+            state: format!(
+                "SELECT token, CAST(owner IS NULL OR expires_at <= {now} AS SIGNED) FROM {t}
+                  WHERE namespace = ? AND k = ?"
+            ),
+            fence: format!(
+                "SELECT 1 FROM {t}
+                  WHERE namespace = ? AND k = ? AND owner = ? AND token = ? AND expires_at > {now}
+                  LOCK IN SHARE MODE"
+            ),
+            purge: format!("DELETE FROM {t} WHERE LEFT(namespace, LENGTH(?)) = ?"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers_are_checked() {
+        for ok in ["leases", "_x", "a1_b2", &"t".repeat(64)] {
+            assert!(validate_identifier("table", ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "1abc",
+            "a-b",
+            "a b",
+            "x`; DROP TABLE y; --",
+            "a.b",
+            "é",
+            &"t".repeat(65),
+        ] {
+            assert!(validate_identifier("table", bad).is_err(), "{bad}");
+        }
+    }
+}

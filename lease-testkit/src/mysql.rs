@@ -1,0 +1,88 @@
+//! Private MariaDB servers, for tests that stop, kill or freeze one.
+
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+
+use crate::{OwnedProcess, Readiness, TempDir, free_port};
+
+/// The uid and gid of the `mysql` user when running as root (the server
+/// runs as it), else `None`.
+fn mysql_user() -> Option<(u32, u32)> {
+    let id = |args: &[&str]| -> Option<u32> {
+        let out = Command::new("id").args(args).output().ok()?;
+        String::from_utf8(out.stdout).ok()?.trim().parse().ok()
+    };
+    if id(&["-u"])? != 0 {
+        return None;
+    }
+    Some((id(&["-u", "mysql"])?, id(&["-g", "mysql"])?))
+}
+
+/// A private MariaDB server on a free port, data in a temporary directory,
+/// every commit flushed (`innodb_flush_log_at_trx_commit` 1), a database
+/// `lease` and a `root` login without a password on loopback. Its URL:
+/// `mysql://root@127.0.0.1:PORT/lease`. `extra` are more server options.
+///
+/// # Panics
+/// When mariadb-install-db or the server fails; the message shows the log.
+pub fn owned_mysql(extra: &[&str]) -> OwnedProcess {
+    let port = free_port();
+    let dir = TempDir::new("lease-mysql");
+    let run_as = mysql_user();
+    if let Some((uid, gid)) = run_as {
+        let _ = Command::new("chown")
+            .arg("-R")
+            .arg(format!("{uid}:{gid}"))
+            .arg(dir.path())
+            .status();
+    }
+    let data = dir.path().join("data");
+    let mut install = Command::new("mariadb-install-db");
+    install
+        .arg("--no-defaults")
+        .arg(format!("--datadir={}", data.display()))
+        .args(["--auth-root-authentication-method=normal", "--skip-test-db"]);
+    if let Some((uid, gid)) = run_as {
+        install.uid(uid).gid(gid);
+    }
+    let out = install
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run mariadb-install-db: {e}"));
+    assert!(
+        out.status.success(),
+        "mariadb-install-db failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let init = dir.path().join("init.sql");
+    std::fs::write(&init, "CREATE DATABASE IF NOT EXISTS lease;\n").expect("write init.sql");
+    let mut args: Vec<String> = vec![
+        "--no-defaults".into(),
+        format!("--datadir={}", data.display()),
+        format!("--port={port}"),
+        "--bind-address=127.0.0.1".into(),
+        format!("--socket={}", dir.path().join("sock").display()),
+        format!("--pid-file={}", dir.path().join("pid").display()),
+        format!("--init-file={}", init.display()),
+        "--skip-name-resolve".into(),
+        "--skip-log-bin".into(),
+        "--innodb-buffer-pool-size=32M".into(),
+        "--innodb-flush-log-at-trx-commit=1".into(),
+    ];
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    let mut p = OwnedProcess {
+        name: "mysql".into(),
+        program: "mariadbd".into(),
+        args,
+        port,
+        log: dir.path().join("mysql.log"),
+        child: None,
+        run_as: None,
+        stop_signal: "TERM",
+        readiness: Readiness::Mysql,
+        dir,
+    }
+    .configured(run_as, "TERM");
+    p.start_again();
+    p
+}
