@@ -32,6 +32,7 @@ fn shared(kind: &str) -> String {
             store_url("LEASE_TEST_REDLOCK_URLS").replace("redis://", "")
         ),
         "postgres" => store_url("LEASE_TEST_POSTGRES_URL"),
+        "mysql" => store_url("LEASE_TEST_MYSQL_URL"),
         "etcd" => store_url("LEASE_TEST_ETCD_URL").replace("http://", "etcd://"),
         "zk" => format!("zk://{}", store_url("LEASE_TEST_ZK_URL")),
         other => panic!("unknown store kind {other}"),
@@ -58,6 +59,11 @@ fn private(kind: &str) -> (Vec<OwnedProcess>, String) {
         "postgres" => {
             let p = owned_postgres();
             let url = format!("postgres://postgres@127.0.0.1:{}/postgres", p.port());
+            (vec![p], url)
+        }
+        "mysql" => {
+            let p = lease_testkit::owned_mysql(&[]);
+            let url = format!("mysql://root@127.0.0.1:{}/lease", p.port());
             (vec![p], url)
         }
         "etcd" => {
@@ -373,6 +379,24 @@ fn records_left(kind: &str, namespace: &str) -> Vec<String> {
                 .unwrap();
                 rows.into_iter().map(|(n, k)| format!("{n} {k}")).collect()
             }
+            "mysql" => {
+                let pool = sqlx::MySqlPool::connect(&store_url("LEASE_TEST_MYSQL_URL"))
+                    .await
+                    .unwrap();
+                let rows: Vec<(Vec<u8>, Vec<u8>)> = sqlx::query_as(
+                    "SELECT namespace, k FROM lease_leases WHERE LEFT(namespace, LENGTH(?)) = ?",
+                )
+                .bind(namespace.as_bytes())
+                .bind(namespace.as_bytes())
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+                rows.into_iter()
+                    .map(|(n, k)| {
+                        format!("{} {}", String::from_utf8_lossy(&n), String::from_utf8_lossy(&k))
+                    })
+                    .collect()
+            }
             "etcd" => {
                 let mut c = etcd_client::Client::connect([store_url("LEASE_TEST_ETCD_URL")], None)
                     .await
@@ -452,7 +476,7 @@ macro_rules! per_store {
     };
 }
 
-per_store!(redis, redlock, postgres, etcd, zk);
+per_store!(redis, redlock, postgres, mysql, etcd, zk);
 
 #[test]
 fn conformance_passes_on_memory() {

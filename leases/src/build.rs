@@ -110,6 +110,13 @@ impl Store {
                     Ok(Arc::new(lease_postgres::PostgresProvider::new(config)?))
                 }
             }
+            #[cfg(feature = "mysql")]
+            Store::Mysql { url, table } => Ok(Arc::new(lease_mysql::MysqlProvider::new(
+                lease_mysql::MysqlConfig::new(url)
+                    .namespace(namespace)
+                    .table(table)
+                    .timeouts(connect, request),
+            )?)),
             #[cfg(feature = "etcd")]
             Store::Etcd { endpoints, access } => Ok(Arc::new(lease_etcd::EtcdProvider::new(
                 etcd_config(endpoints, access)
@@ -193,6 +200,16 @@ impl Store {
                 .purge_namespaces(prefix)
                 .await
             }
+            #[cfg(feature = "mysql")]
+            Store::Mysql { url, table } => {
+                lease_mysql::MysqlProvider::new(
+                    lease_mysql::MysqlConfig::new(url)
+                        .table(table)
+                        .timeouts(connect, request),
+                )?
+                .purge_namespaces(prefix)
+                .await
+            }
             #[cfg(feature = "etcd")]
             Store::Etcd { endpoints, access } => {
                 lease_etcd::EtcdProvider::new(
@@ -230,6 +247,7 @@ fn feature_of(store: &Store) -> &'static str {
         Store::Sqlite(_) => "sqlite",
         Store::Redis(_) | Store::Redlock(_) => "redis",
         Store::Postgres { .. } => "postgres",
+        Store::Mysql { .. } => "mysql",
         Store::Etcd { .. } => "etcd",
         Store::Zk { .. } => "zk",
     }
@@ -263,6 +281,8 @@ mod tests {
             "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3",
             "postgres://u@127.0.0.1:1/db",
             "postgres://u@127.0.0.1:1/db?lease_mode=advisory",
+            "mysql://u@127.0.0.1:1/db",
+            "mariadb://u:pw@127.0.0.1:1/db?lease_table=locks",
             "etcd://127.0.0.1:1",
             "zk://127.0.0.1:1/chroot",
         ] {
@@ -271,6 +291,7 @@ mod tests {
             if cfg!(all(
                 feature = "redis",
                 feature = "postgres",
+                feature = "mysql",
                 feature = "etcd",
                 feature = "zk"
             )) {

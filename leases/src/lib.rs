@@ -25,9 +25,10 @@
 //!
 //! ## Cargo features
 //!
-//! One per backend: `redis` (also Redlock), `postgres` and `zk` are on by
-//! default; `etcd` is opt-in because etcd's client needs `protoc` to build
-//! (inside this repository `scripts/protoc` supplies it); `full` turns on all four. The in-memory
+//! One per backend: `redis` (also Redlock), `postgres`, `mysql` (also
+//! MariaDB), `zk` and `sqlite` are on by default; `etcd` is opt-in because
+//! etcd's client needs `protoc` to build (inside this repository
+//! `scripts/protoc` supplies it); `full` turns on all of them. The in-memory
 //! provider is always there. A URL whose backend is compiled out gives an error
 //! naming the feature to enable. The `lease` command lives in its own crate,
 //! `lease-cli`, so a library user never compiles clap or the conformance suite.
@@ -47,6 +48,8 @@ pub use urls::redact;
 
 #[cfg(feature = "etcd")]
 pub use lease_etcd;
+#[cfg(feature = "mysql")]
+pub use lease_mysql;
 #[cfg(feature = "postgres")]
 pub use lease_postgres;
 #[cfg(feature = "redis")]

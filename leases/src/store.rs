@@ -8,6 +8,7 @@ use lease_api::{LeaseError, Result};
 pub const URL_FORMS: &str = "memory://, redis://host:port[/db], rediss://...[?ca=/path/ca.pem], \
 redis+sentinel://host1:port,host2:port/<master-name>[/db][?wait=N], \
 redis+cluster://host1:port,host2:port[?wait=N], redlock://host1:port,host2:port,host3:port, postgres://user@host/db[?lease_table=schema.table][&lease_mode=advisory], \
+mysql://user@host/db[?lease_table=table] (also mariadb://), \
 etcd://host1:port[,host2:port] (etcds:// for TLS), zk://host1:port[,host2:port][/chroot], \
 sqlite:///path/to/leases.db";
 
@@ -35,6 +36,13 @@ pub enum Store {
         /// `lease_mode=advisory`: leases are session advisory locks
         /// ([`lease_postgres::AdvisoryProvider`]), not rows.
         advisory: bool,
+    },
+    /// `mysql://` or `mariadb://`: MySQL or MariaDB.
+    Mysql {
+        /// The connection URL without the `lease_*` parameters.
+        url: String,
+        /// The lease table, in the URL's database.
+        table: String,
     },
     /// `etcd://h1,h2` or `etcds://[user:password@]h1,h2[?ca=..&cert=..&key=..]`.
     Etcd {
@@ -187,6 +195,19 @@ const POSTGRES_PARAMS: &[&str] = &[
     "options",
 ];
 
+/// The query parameters sqlx understands in a MySQL URL, plus ours.
+const MYSQL_PARAMS: &[&str] = &[
+    "lease_table",
+    "ssl-mode",
+    "ssl-ca",
+    "ssl-cert",
+    "ssl-key",
+    "statement-cache-capacity",
+    "charset",
+    "collation",
+    "socket",
+];
+
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Store({self})")
@@ -221,6 +242,10 @@ impl std::fmt::Display for Store {
                     ""
                 };
                 format!("{url}{sep}lease_table={schema}.{table}{mode}")
+            }
+            Store::Mysql { url, table } => {
+                let sep = if url.contains('?') { '&' } else { '?' };
+                format!("{url}{sep}lease_table={table}")
             }
             Store::Etcd { endpoints, access } => {
                 let scheme = if endpoints.iter().any(|e| e.starts_with("https://")) {
@@ -367,6 +392,24 @@ impl Store {
                     advisory,
                 })
             }
+            "mysql" | "mariadb" => {
+                crate::urls::single(url, MYSQL_PARAMS)?;
+                let (base, query) = url.split_once('?').unwrap_or((url, ""));
+                let mut keep = Vec::new();
+                let mut table = "lease_leases".to_owned();
+                for pair in query.split('&').filter(|p| !p.is_empty()) {
+                    match pair.split_once('=') {
+                        Some(("lease_table", v)) => v.clone_into(&mut table),
+                        _ => keep.push(pair),
+                    }
+                }
+                let url = if keep.is_empty() {
+                    base.to_owned()
+                } else {
+                    format!("{base}?{}", keep.join("&"))
+                };
+                Ok(Store::Mysql { url, table })
+            }
             "etcd" | "etcds" => parse_etcd(scheme, rest),
             "sqlite" => {
                 if rest.is_empty() || rest.contains('?') {
@@ -444,6 +487,10 @@ impl Store {
                 table: table.clone(),
                 advisory: *advisory,
             },
+            Store::Mysql { table, .. } => Store::Mysql {
+                url: "mysql://lease@127.0.0.1:1/lease".into(),
+                table: table.clone(),
+            },
             Store::Etcd { .. } => Store::Etcd {
                 endpoints: vec!["http://127.0.0.1:1".into()],
                 access: EtcdAccess::default(),
@@ -467,6 +514,7 @@ impl Store {
                 advisory: false, ..
             } => "postgres",
             Store::Postgres { advisory: true, .. } => "postgres-advisory",
+            Store::Mysql { .. } => "mysql",
             Store::Etcd { .. } => "etcd",
             Store::Zk { .. } => "zookeeper",
         }
@@ -514,6 +562,19 @@ mod tests {
                 advisory: false,
             }
         );
+        assert_eq!(
+            Store::parse("mariadb://u:pw@h:3307/db?ssl-mode=verify_identity&lease_table=locks")
+                .unwrap(),
+            Store::Mysql {
+                url: "mariadb://u:pw@h:3307/db?ssl-mode=verify_identity".into(),
+                table: "locks".into(),
+            }
+        );
+        assert_eq!(
+            Store::parse("mysql://u:pw@h/db").unwrap().to_string(),
+            "mysql://u:***@h/db?lease_table=lease_leases"
+        );
+        assert!(Store::parse("mysql://u@h/db?lease_tabel=x").is_err());
         assert_eq!(
             Store::parse("postgresql://u@h/db").unwrap(),
             Store::Postgres {
