@@ -59,3 +59,19 @@ pub fn sqlite_dir() -> std::path::PathBuf {
     })
     .clone()
 }
+
+/// The raw floor of a store: the same kind of store commands, issued
+/// directly with the same client crate.
+#[async_trait]
+pub trait Raw: Send {
+    fn name(&self) -> &'static str;
+    async fn acquire(&mut self, key: &str, ttl: Duration) -> Result<()>;
+    async fn extend(&mut self, key: &str, ttl: Duration) -> Result<()>;
+    async fn release(&mut self, key: &str) -> Result<()>;
+    /// The handoff floor: rounds of hold, a second client waits on the
+    /// store's own notification, release at t0, the waiter holds at t1;
+    /// t1 - t0 per round. `None` where there is no single-store floor.
+    async fn handoff(&mut self, _key: &str, _rounds: usize) -> Result<Option<Vec<Duration>>> {
+        Ok(None)
+    }
+}

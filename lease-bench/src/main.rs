@@ -16,6 +16,7 @@ mod measure;
 mod peers;
 mod proxy;
 mod raw;
+mod raw_mysql;
 mod report;
 mod results;
 mod scale;
@@ -48,7 +49,7 @@ struct Opts {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "memory,redis,redlock,postgres,etcd,zk,sqlite"
+        default_value = "memory,redis,redlock,postgres,mysql,etcd,zk,sqlite"
     )]
     backends: Vec<String>,
     /// Runs per backend; each figure is reported as the median run with the

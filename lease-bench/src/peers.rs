@@ -1,11 +1,14 @@
 //! The real peer crates, linked and run in this process (feature `peers`):
-//! rslock for Redis and Redlock, distributed-lock-postgres for PostgreSQL.
+//! rslock for Redis and Redlock, distributed-lock-postgres for PostgreSQL,
+//! distributed-lock-mysql for MySQL/MariaDB.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use distributed_lock_core::{DistributedLock, LockHandle, LockProvider};
+use distributed_lock_mysql::MySqlLockProvider;
+use distributed_lock_mysql::handle::MySqlLockHandle;
 use distributed_lock_postgres::PostgresLockProvider;
 use distributed_lock_postgres::handle::PostgresLockHandle;
 use leases::LeaseError;
@@ -102,6 +105,62 @@ impl DistributedLockPg {
 impl Peer for DistributedLockPg {
     fn name(&self) -> &'static str {
         "distributed-lock-postgres 0.2 (try_acquire / release: session advisory lock)"
+    }
+    async fn lock(&mut self, key: &str) -> Result<()> {
+        let handle = self
+            .provider
+            .create_lock(key)
+            .try_acquire()
+            .await
+            .map_err(err)?
+            .ok_or_else(|| err("held"))?;
+        self.held.insert(key.to_owned(), handle);
+        Ok(())
+    }
+    async fn unlock(&mut self, key: &str) -> Result<()> {
+        if let Some(h) = self.held.remove(key) {
+            h.release().await.map_err(err)?;
+        }
+        Ok(())
+    }
+    async fn handoff(&mut self, key: &str, rounds: usize) -> Result<Vec<Duration>> {
+        let lock = std::sync::Arc::new(self.provider.create_lock(key));
+        let wait = move || {
+            let lock = std::sync::Arc::clone(&lock);
+            async move {
+                let handle = lock.acquire(Some(PEER_TTL)).await.map_err(err)?;
+                let t1 = Instant::now();
+                handle.release().await.map_err(err)?;
+                Ok::<_, LeaseError>(t1)
+            }
+        };
+        Ok(handoff_rounds!(rounds, { self.lock(key).await? }, wait, {
+            self.unlock(key).await?
+        }))
+    }
+}
+
+/// distributed-lock-mysql: `GET_LOCK` on a session of its pool; a waiter
+/// blocks in `GET_LOCK` on the server.
+pub struct DistributedLockMysql {
+    provider: MySqlLockProvider,
+    held: HashMap<String, MySqlLockHandle>,
+}
+
+impl DistributedLockMysql {
+    pub async fn new(url: &str) -> Result<Self> {
+        let url = url.replacen("mariadb://", "mysql://", 1);
+        Ok(DistributedLockMysql {
+            provider: MySqlLockProvider::new(url).await.map_err(err)?,
+            held: HashMap::new(),
+        })
+    }
+}
+
+#[async_trait]
+impl Peer for DistributedLockMysql {
+    fn name(&self) -> &'static str {
+        "distributed-lock-mysql 0.2 (try_acquire / release: GET_LOCK)"
     }
     async fn lock(&mut self, key: &str) -> Result<()> {
         let handle = self

@@ -10,21 +10,7 @@ use leases::{LeaseError, Result, Store};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
-pub(crate) use crate::common::{Peer, err, handoff_rounds, sqlite_dir};
-
-#[async_trait]
-pub trait Raw: Send {
-    fn name(&self) -> &'static str;
-    async fn acquire(&mut self, key: &str, ttl: Duration) -> Result<()>;
-    async fn extend(&mut self, key: &str, ttl: Duration) -> Result<()>;
-    async fn release(&mut self, key: &str) -> Result<()>;
-    /// The handoff floor: rounds of hold, a second client waits on the
-    /// store's own notification, release at t0, the waiter holds at t1;
-    /// t1 - t0 per round. `None` where there is no single-store floor.
-    async fn handoff(&mut self, _key: &str, _rounds: usize) -> Result<Option<Vec<Duration>>> {
-        Ok(None)
-    }
-}
+pub(crate) use crate::common::{Peer, Raw, err, handoff_rounds, sqlite_dir};
 
 fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
@@ -720,6 +706,7 @@ pub async fn raw_for(name: &str, store: &Store) -> Result<Option<Box<dyn Raw>>> 
                 url: url.clone(),
             }))
         }
+        Store::Mysql { url, .. } => Some(Box::new(crate::raw_mysql::MysqlRaw::connect(url).await?)),
         Store::Etcd { endpoints: eps, .. } => Some(Box::new(EtcdRaw {
             client: etcd_client::Client::connect(eps, None).await.map_err(err)?,
             leases: HashMap::new(),
@@ -754,6 +741,10 @@ pub async fn peer_for(name: &str, store: &Store) -> Result<Option<Box<dyn Peer>>
         Store::Postgres { url, .. } => {
             Some(Box::new(crate::peers::DistributedLockPg::new(url).await?))
         }
+        #[cfg(feature = "peers")]
+        Store::Mysql { url, .. } => Some(Box::new(
+            crate::peers::DistributedLockMysql::new(url).await?,
+        )),
         Store::Etcd { endpoints: eps, .. } => Some(Box::new(EtcdLock {
             client: etcd_client::Client::connect(eps, None).await.map_err(err)?,
             held: HashMap::new(),

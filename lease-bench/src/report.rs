@@ -17,8 +17,8 @@ pub struct Meta<'a> {
 }
 
 /// The order backends appear in, whichever run they come from.
-const ORDER: [&str; 7] = [
-    "memory", "redis", "redlock", "postgres", "etcd", "zk", "sqlite",
+const ORDER: [&str; 8] = [
+    "memory", "redis", "redlock", "postgres", "mysql", "etcd", "zk", "sqlite",
 ];
 
 /// Adds the earlier report's results (out/benchmarks.json) of every backend

@@ -21,6 +21,7 @@ pub(crate) fn store_url(backend: &str) -> String {
             env("LEASE_TEST_REDLOCK_URLS").replace("redis://", "")
         ),
         "postgres" => env("LEASE_TEST_POSTGRES_URL"),
+        "mysql" => env("LEASE_TEST_MYSQL_URL"),
         "etcd" => env("LEASE_TEST_ETCD_URL").replace("http://", "etcd://"),
         "zk" => format!("zk://{}", env("LEASE_TEST_ZK_URL")),
         // A fresh file per process, beside the raw floor's lock files.
