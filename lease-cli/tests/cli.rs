@@ -1466,7 +1466,23 @@ fn once_per_slot_runs_the_command_once() {
 /// next run's command never overlaps it.
 #[test]
 fn advisory_lease_of_a_killed_run_is_free_at_once_and_its_command_is_gone() {
-    let store = format!("{}?lease_mode=advisory", shared("postgres"));
+    advisory_killed_run(&format!("{}?lease_mode=advisory", shared("postgres")));
+}
+
+/// The same on MySQL/MariaDB's advisory mode (`GET_LOCK` on the run's session).
+#[test]
+fn mysql_advisory_lease_of_a_killed_run_is_free_at_once_and_its_command_is_gone() {
+    advisory_killed_run(&format!("{}?lease_mode=advisory", shared("mysql")));
+}
+
+/// `lease conformance` passes on MySQL/MariaDB's advisory mode.
+#[test]
+fn conformance_passes_on_mysql_advisory() {
+    let _ = conformance_passes(&format!("{}?lease_mode=advisory", shared("mysql")));
+}
+
+fn advisory_killed_run(store: &str) {
+    let store = store.to_owned();
     let key = unique("cli-advisory");
     let dir = TempDir::new("lease-cli");
     let pidfile = dir.path().join("pid");

@@ -106,6 +106,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod advisory;
 mod config;
 mod conns;
 mod ops;
@@ -113,5 +114,6 @@ mod provider;
 mod sql;
 mod watch;
 
+pub use advisory::{ADVISORY_TABLE, AdvisoryProvider};
 pub use config::MysqlConfig;
 pub use provider::MysqlProvider;

@@ -116,6 +116,22 @@ impl MysqlProvider {
     /// # Errors
     /// [`LeaseError::Config`] for a malformed URL, namespace or table name.
     pub fn new(config: MysqlConfig) -> Result<Self> {
+        let base = Capabilities::new(
+            "mysql",
+            ExpiryClock::StoreServer,
+            Notifications::Polled(config.poll_interval),
+        )
+        // DATETIME(6): microseconds; a TTL under 10 ms is a unit mistake.
+        .with_ttl_limits(Duration::from_millis(10), DEFAULT_MAX_TTL)
+        .with_expiry_slack(Duration::from_millis(5))
+        .with_multi_key(MultiKey::in_key_order());
+        Self::with_capabilities(config, base)
+    }
+
+    /// A provider declaring `base` until the probe adds token durability:
+    /// for the modes built on this one, such as
+    /// [`AdvisoryProvider`](crate::AdvisoryProvider).
+    pub(crate) fn with_capabilities(config: MysqlConfig, base: Capabilities) -> Result<Self> {
         validate_namespace(&config.namespace)?;
         validate_identifier("table", &config.table)?;
         let url = sqlx_url(&config.url)?;
@@ -157,16 +173,7 @@ impl MysqlProvider {
                     Ok(true)
                 })
             });
-        let base = Capabilities::new(
-            "mysql",
-            ExpiryClock::StoreServer,
-            Notifications::Polled(config.poll_interval),
-        )
-        // DATETIME(6): microseconds; a TTL under 10 ms is a unit mistake.
-        .with_ttl_limits(Duration::from_millis(10), DEFAULT_MAX_TTL)
-        .with_expiry_slack(Duration::from_millis(5))
-        .with_multi_key(MultiKey::in_key_order())
-        .with_durable_tokens(TokenDurability::Unknown(
+        let base = base.with_durable_tokens(TokenDurability::Unknown(
             "not yet probed: tokens are InnoDB rows, durable when innodb_flush_log_at_trx_commit is 1"
                 .into(),
         ));
@@ -216,6 +223,25 @@ impl MysqlProvider {
                 .clone()
                 .connect_lazy_with(self.inner.connect_options.clone())
         }))
+    }
+
+    /// The URL's database.
+    pub(crate) fn database(&self) -> &str {
+        self.inner
+            .connect_options
+            .get_database()
+            .unwrap_or_default()
+    }
+
+    /// A new connection with the session settings, outside the slots: for
+    /// the sessions of the advisory mode.
+    pub(crate) async fn connect_session(&self) -> Result<sqlx::MySqlConnection, sqlx::Error> {
+        self.inner.conns.connect().await
+    }
+
+    /// How long a statement may take.
+    pub(crate) fn response_timeout(&self) -> Duration {
+        self.inner.response_timeout
     }
 
     pub(crate) fn map_err(&self, e: sqlx::Error) -> LeaseError {

@@ -111,12 +111,21 @@ impl Store {
                 }
             }
             #[cfg(feature = "mysql")]
-            Store::Mysql { url, table } => Ok(Arc::new(lease_mysql::MysqlProvider::new(
-                lease_mysql::MysqlConfig::new(url)
+            Store::Mysql {
+                url,
+                table,
+                advisory,
+            } => {
+                let config = lease_mysql::MysqlConfig::new(url)
                     .namespace(namespace)
                     .table(table)
-                    .timeouts(connect, request),
-            )?)),
+                    .timeouts(connect, request);
+                if *advisory {
+                    Ok(Arc::new(lease_mysql::AdvisoryProvider::new(config)?))
+                } else {
+                    Ok(Arc::new(lease_mysql::MysqlProvider::new(config)?))
+                }
+            }
             #[cfg(feature = "etcd")]
             Store::Etcd { endpoints, access } => Ok(Arc::new(lease_etcd::EtcdProvider::new(
                 etcd_config(endpoints, access)
@@ -201,7 +210,8 @@ impl Store {
                 .await
             }
             #[cfg(feature = "mysql")]
-            Store::Mysql { url, table } => {
+            Store::Mysql { url, table, .. } => {
+                // The token rows of either mode are purged the same way.
                 lease_mysql::MysqlProvider::new(
                     lease_mysql::MysqlConfig::new(url)
                         .table(table)
@@ -283,6 +293,7 @@ mod tests {
             "postgres://u@127.0.0.1:1/db?lease_mode=advisory",
             "mysql://u@127.0.0.1:1/db",
             "mariadb://u:pw@127.0.0.1:1/db?lease_table=locks",
+            "mysql://u@127.0.0.1:1/db?lease_mode=advisory",
             "etcd://127.0.0.1:1",
             "zk://127.0.0.1:1/chroot",
         ] {

@@ -8,7 +8,7 @@ use lease_api::{LeaseError, Result};
 pub const URL_FORMS: &str = "memory://, redis://host:port[/db], rediss://...[?ca=/path/ca.pem], \
 redis+sentinel://host1:port,host2:port/<master-name>[/db][?wait=N], \
 redis+cluster://host1:port,host2:port[?wait=N], redlock://host1:port,host2:port,host3:port, postgres://user@host/db[?lease_table=schema.table][&lease_mode=advisory], \
-mysql://user@host/db[?lease_table=table] (also mariadb://), \
+mysql://user@host/db[?lease_table=table][&lease_mode=advisory] (also mariadb://), \
 etcd://host1:port[,host2:port] (etcds:// for TLS), zk://host1:port[,host2:port][/chroot], \
 sqlite:///path/to/leases.db";
 
@@ -41,8 +41,12 @@ pub enum Store {
     Mysql {
         /// The connection URL without the `lease_*` parameters.
         url: String,
-        /// The lease table, in the URL's database.
+        /// The lease table, in the URL's database (with `advisory`, the
+        /// token table).
         table: String,
+        /// `lease_mode=advisory`: leases are named locks (`GET_LOCK`,
+        /// [`lease_mysql::AdvisoryProvider`]), not rows.
+        advisory: bool,
     },
     /// `etcd://h1,h2` or `etcds://[user:password@]h1,h2[?ca=..&cert=..&key=..]`.
     Etcd {
@@ -198,6 +202,7 @@ const POSTGRES_PARAMS: &[&str] = &[
 /// The query parameters sqlx understands in a MySQL URL, plus ours.
 const MYSQL_PARAMS: &[&str] = &[
     "lease_table",
+    "lease_mode",
     "ssl-mode",
     "ssl-ca",
     "ssl-cert",
@@ -243,9 +248,18 @@ impl std::fmt::Display for Store {
                 };
                 format!("{url}{sep}lease_table={schema}.{table}{mode}")
             }
-            Store::Mysql { url, table } => {
+            Store::Mysql {
+                url,
+                table,
+                advisory,
+            } => {
                 let sep = if url.contains('?') { '&' } else { '?' };
-                format!("{url}{sep}lease_table={table}")
+                let mode = if *advisory {
+                    "&lease_mode=advisory"
+                } else {
+                    ""
+                };
+                format!("{url}{sep}lease_table={table}{mode}")
             }
             Store::Etcd { endpoints, access } => {
                 let scheme = if endpoints.iter().any(|e| e.starts_with("https://")) {
@@ -396,19 +410,41 @@ impl Store {
                 crate::urls::single(url, MYSQL_PARAMS)?;
                 let (base, query) = url.split_once('?').unwrap_or((url, ""));
                 let mut keep = Vec::new();
-                let mut table = "lease_leases".to_owned();
+                let mut table = None;
+                let mut advisory = false;
                 for pair in query.split('&').filter(|p| !p.is_empty()) {
                     match pair.split_once('=') {
-                        Some(("lease_table", v)) => v.clone_into(&mut table),
+                        Some(("lease_table", v)) => table = Some(v.to_owned()),
+                        Some(("lease_mode", "advisory")) => advisory = true,
+                        Some(("lease_mode", "table")) => advisory = false,
+                        Some(("lease_mode", other)) => {
+                            return Err(config_err(format!(
+                                "lease_mode is `table` (rows, the default) or `advisory` (named locks), not {other:?}"
+                            )));
+                        }
                         _ => keep.push(pair),
                     }
                 }
+                // lease_mysql::ADVISORY_TABLE, spelled here so parsing
+                // works without the `mysql` feature.
+                let table = table.unwrap_or_else(|| {
+                    if advisory {
+                        "lease_advisory"
+                    } else {
+                        "lease_leases"
+                    }
+                    .to_owned()
+                });
                 let url = if keep.is_empty() {
                     base.to_owned()
                 } else {
                     format!("{base}?{}", keep.join("&"))
                 };
-                Ok(Store::Mysql { url, table })
+                Ok(Store::Mysql {
+                    url,
+                    table,
+                    advisory,
+                })
             }
             "etcd" | "etcds" => parse_etcd(scheme, rest),
             "sqlite" => {
@@ -487,9 +523,12 @@ impl Store {
                 table: table.clone(),
                 advisory: *advisory,
             },
-            Store::Mysql { table, .. } => Store::Mysql {
+            Store::Mysql {
+                table, advisory, ..
+            } => Store::Mysql {
                 url: "mysql://lease@127.0.0.1:1/lease".into(),
                 table: table.clone(),
+                advisory: *advisory,
             },
             Store::Etcd { .. } => Store::Etcd {
                 endpoints: vec!["http://127.0.0.1:1".into()],
@@ -514,7 +553,10 @@ impl Store {
                 advisory: false, ..
             } => "postgres",
             Store::Postgres { advisory: true, .. } => "postgres-advisory",
-            Store::Mysql { .. } => "mysql",
+            Store::Mysql {
+                advisory: false, ..
+            } => "mysql",
+            Store::Mysql { advisory: true, .. } => "mysql-advisory",
             Store::Etcd { .. } => "etcd",
             Store::Zk { .. } => "zookeeper",
         }
@@ -568,8 +610,18 @@ mod tests {
             Store::Mysql {
                 url: "mariadb://u:pw@h:3307/db?ssl-mode=verify_identity".into(),
                 table: "locks".into(),
+                advisory: false,
             }
         );
+        assert_eq!(
+            Store::parse("mysql://u@h/db?lease_mode=advisory").unwrap(),
+            Store::Mysql {
+                url: "mysql://u@h/db".into(),
+                table: "lease_advisory".into(),
+                advisory: true,
+            }
+        );
+        assert!(Store::parse("mysql://u@h/db?lease_mode=rows").is_err());
         assert_eq!(
             Store::parse("mysql://u:pw@h/db").unwrap().to_string(),
             "mysql://u:***@h/db?lease_table=lease_leases"
