@@ -15,11 +15,14 @@
 //! Every connection is set up with the session settings the provider relies
 //! on (see [`session_setup`]).
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
-use sqlx::{ConnectOptions, Connection};
+use sqlx::Connection;
+use sqlx::mysql::MySqlConnection;
+
+use crate::hosts::Hosts;
 use tokio::sync::{Mutex, MutexGuard};
 use tokio::time::Instant;
 
@@ -34,7 +37,7 @@ struct Open {
 pub(crate) struct Conns {
     slots: Box<[Mutex<Option<Open>>]>,
     next: AtomicUsize,
-    options: MySqlConnectOptions,
+    hosts: Arc<Hosts>,
     setup: String,
 }
 
@@ -68,12 +71,12 @@ pub(crate) fn session_setup(limit: Duration) -> String {
 }
 
 impl Conns {
-    pub(crate) fn new(options: MySqlConnectOptions, size: u32, statement_limit: Duration) -> Self {
+    pub(crate) fn new(hosts: Arc<Hosts>, size: u32, statement_limit: Duration) -> Self {
         let size = usize::try_from(size.max(1)).unwrap_or(1);
         Conns {
             slots: (0..size).map(|_| Mutex::new(None)).collect(),
             next: AtomicUsize::new(0),
-            options,
+            hosts,
             setup: session_setup(statement_limit),
         }
     }
@@ -117,11 +120,10 @@ impl Conns {
         Ok(Checkout { slot, open })
     }
 
-    /// A new connection with the session settings.
+    /// A new connection with the session settings, to the first host that
+    /// answers and is ready.
     pub(crate) async fn connect(&self) -> Result<MySqlConnection, sqlx::Error> {
-        let mut conn = self.options.connect().await?;
-        sqlx::query(&self.setup).execute(&mut conn).await?;
-        Ok(conn)
+        self.hosts.connect(&self.setup).await
     }
 }
 
@@ -139,10 +141,12 @@ impl Checkout<'_> {
             Ok(_) => true,
             // 1927 connection killed, 1053 server shutdown, 2006/2013 gone,
             // 1969 statement time exceeded (the session lives, but the
-            // answer was an interruption: start clean).
-            Err(sqlx::Error::Database(d)) => !d
-                .code()
-                .is_some_and(|c| matches!(c.as_ref(), "1927" | "1053" | "2006" | "2013" | "1969")),
+            // answer was an interruption: start clean), 1047 a Galera node
+            // outside the primary component (the next connection moves on).
+            Err(e @ sqlx::Error::Database(_)) => !matches!(
+                crate::provider::error_number(e),
+                Some(1927 | 1053 | 2006 | 2013 | 1969 | 1047)
+            ),
             Err(_) => false,
         };
         let Checkout { mut slot, mut open } = self;

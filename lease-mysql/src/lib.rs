@@ -109,6 +109,7 @@
 mod advisory;
 mod config;
 mod conns;
+mod hosts;
 mod ops;
 mod provider;
 mod sql;

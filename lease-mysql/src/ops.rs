@@ -14,6 +14,34 @@ use tokio::time::Instant;
 use crate::provider::{MysqlProvider, from_micros, in_runtime, micros, token};
 use crate::watch::PollWatch;
 
+/// Runs one statement on a slot's connection; again (up to 50 times, the
+/// caller's deadline bounding it) while the server rolled it back as a
+/// deadlock (1213): many acquirers inserting one new key at once can
+/// deadlock on InnoDB's insert locks, and on Galera a certification
+/// conflict, or a DDL statement replicated in total order, aborts a
+/// transaction the same way. A rolled-back statement changed nothing, so
+/// asking again is safe.
+macro_rules! statement {
+    ($provider:expr, |$c:ident| $body:expr) => {{
+        let mut tries = 0u64;
+        loop {
+            let mut checkout = $provider.inner.conns.checkout().await?;
+            let r = {
+                let $c = checkout.conn();
+                $body.await
+            };
+            checkout.done(&r);
+            match r {
+                Err(e) if crate::provider::error_number(&e) == Some(1213) && tries < 50 => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(1 + tries % 5)).await;
+                }
+                r => break r,
+            }
+        }
+    }};
+}
+
 #[async_trait]
 impl LeaseProvider for MysqlProvider {
     fn capabilities(&self) -> &Capabilities {
@@ -32,17 +60,13 @@ impl LeaseProvider for MysqlProvider {
         let sent_at = Instant::now();
         let done = self
             .bounded("acquire", async {
-                let mut c = self.inner.conns.checkout().await?;
-                let r = sqlx::query(&self.inner.sql.acquire)
+                statement!(self, |c| sqlx::query(&self.inner.sql.acquire)
                     .bind(self.inner.namespace.as_bytes())
                     .bind(key.as_str().as_bytes())
                     .bind(owner.to_hex())
                     .bind(micros(ttl))
                     .bind(holder.as_bytes())
-                    .execute(c.conn())
-                    .await;
-                c.done(&r);
-                r
+                    .execute(c))
             })
             .await?;
         // The statement leaves the new token in LAST_INSERT_ID, or 0 when
@@ -78,17 +102,13 @@ impl LeaseProvider for MysqlProvider {
         let sent_at = Instant::now();
         let done = self
             .bounded("extend", async {
-                let mut c = self.inner.conns.checkout().await?;
-                let r = sqlx::query(&self.inner.sql.extend)
+                statement!(self, |c| sqlx::query(&self.inner.sql.extend)
                     .bind(micros(ttl))
                     .bind(self.inner.namespace.as_bytes())
                     .bind(lease.key().as_str().as_bytes())
                     .bind(lease.owner().to_hex())
                     .bind(lease.token().get())
-                    .execute(c.conn())
-                    .await;
-                c.done(&r);
-                r
+                    .execute(c))
             })
             .await?;
         // Matched rows (sqlx asks for CLIENT_FOUND_ROWS): 1 while held.
@@ -103,16 +123,12 @@ impl LeaseProvider for MysqlProvider {
         self.ready().await?;
         let done = self
             .bounded("release", async {
-                let mut c = self.inner.conns.checkout().await?;
-                let r = sqlx::query(&self.inner.sql.release)
+                statement!(self, |c| sqlx::query(&self.inner.sql.release)
                     .bind(self.inner.namespace.as_bytes())
                     .bind(lease.key().as_str().as_bytes())
                     .bind(lease.owner().to_hex())
                     .bind(lease.token().get())
-                    .execute(c.conn())
-                    .await;
-                c.done(&r);
-                r
+                    .execute(c))
             })
             .await?;
         if done.rows_affected() == 1 {

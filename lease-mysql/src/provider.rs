@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use lease_api::backend::{DEFAULT_MAX_TTL, MultiKey, ProbedCapabilities, validate_namespace};
 use lease_api::{
-    Capabilities, ExpiryClock, FencingToken, Lease, LeaseError, Notifications, Result,
-    TokenDurability,
+    Capabilities, ExpiryClock, Failover, FailoverTokens, FencingToken, Lease, LeaseError,
+    Notifications, Result, TokenDurability,
 };
 use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlDatabaseError, MySqlPool, MySqlPoolOptions};
 use sqlx::{Row, Transaction};
@@ -16,6 +16,7 @@ use tokio::sync::OnceCell;
 
 use crate::config::MysqlConfig;
 use crate::conns::{Conns, PING_IF_IDLE_FOR, session_setup};
+use crate::hosts::{Hosts, split_hosts};
 use crate::sql::{Statements, validate_identifier};
 
 pub(crate) struct Inner {
@@ -24,6 +25,10 @@ pub(crate) struct Inner {
     /// The connections acquire, extend, release and inspect run on.
     pub(crate) conns: Conns,
     pub(crate) connect_options: MySqlConnectOptions,
+    /// The server, or the nodes of which the one that answered last is used.
+    pub(crate) hosts: Arc<Hosts>,
+    /// `host:port` the pool connects to now (several hosts).
+    pub(crate) pool_host: std::sync::Mutex<Option<String>>,
     pub(crate) pool_options: MySqlPoolOptions,
     pub(crate) sql: Statements,
     pub(crate) namespace: String,
@@ -137,22 +142,28 @@ impl MysqlProvider {
         let url = sqlx_url(&config.url)?;
         // rustls needs its crypto provider chosen once per process (ssl-mode).
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let options = MySqlConnectOptions::from_str(&url).map_err(|e| {
-            // sqlx's message may quote the URL, password and all: say only what is wrong.
-            let what = match e {
-                sqlx::Error::Configuration(c) => c.to_string().replace(&config.url, "<url>"),
-                _ => "unreadable".into(),
-            };
-            LeaseError::Config(format!("the MySQL URL is not valid: {what}"))
-        })?;
-        if options.get_database().is_none_or(str::is_empty) {
-            return Err(LeaseError::Config(
-                "the MySQL URL must name a database: mysql://user@host:3306/database".into(),
-            ));
+        let mut per_host = Vec::new();
+        for one in split_hosts(&url)? {
+            let options = MySqlConnectOptions::from_str(&one).map_err(|e| {
+                // sqlx's message may quote the URL, password and all: say only what is wrong.
+                let what = match e {
+                    sqlx::Error::Configuration(c) => c.to_string().replace(&one, "<url>"),
+                    _ => "unreadable".into(),
+                };
+                LeaseError::Config(format!("the MySQL URL is not valid: {what}"))
+            })?;
+            if options.get_database().is_none_or(str::is_empty) {
+                return Err(LeaseError::Config(
+                    "the MySQL URL must name a database: mysql://user@host:3306/database".into(),
+                ));
+            }
+            per_host.push(options.statement_cache_capacity(32));
         }
-        let options = options.statement_cache_capacity(32);
-        let display = format!("mysql://{}:{}", options.get_host(), options.get_port());
+        let options = per_host[0].clone();
+        let hosts = Arc::new(Hosts::new(per_host, config.connect_timeout));
+        let display = format!("mysql://{}", hosts.display());
         let setup = session_setup(config.response_timeout);
+        let multi = hosts.is_multi();
         let pool_options = MySqlPoolOptions::new()
             .max_connections(config.max_connections)
             .min_connections(0)
@@ -162,6 +173,11 @@ impl MysqlProvider {
                 let setup = setup.clone();
                 Box::pin(async move {
                     sqlx::query(&setup).execute(&mut *conn).await?;
+                    // The pool's host may be a node outside the primary
+                    // component: refuse it.
+                    if multi && !crate::hosts::is_ready(conn).await? {
+                        return Err(sqlx::Error::Protocol("the node is not ready".into()));
+                    }
                     Ok(())
                 })
             })
@@ -181,10 +197,12 @@ impl MysqlProvider {
             inner: Arc::new(Inner {
                 pool: OnceLock::new(),
                 conns: Conns::new(
-                    options.clone(),
+                    Arc::clone(&hosts),
                     config.max_connections,
                     config.response_timeout,
                 ),
+                hosts,
+                pool_host: std::sync::Mutex::new(None),
                 connect_options: options,
                 pool_options,
                 sql: Statements::new(&config.table),
@@ -213,16 +231,34 @@ impl MysqlProvider {
     /// # Errors
     /// [`LeaseError::Config`] when called outside a tokio runtime.
     pub fn pool(&self) -> Result<&MySqlPool> {
-        if let Some(p) = self.inner.pool.get() {
-            return Ok(p);
+        let pool = match self.inner.pool.get() {
+            Some(p) => p,
+            None => {
+                in_runtime()?;
+                self.inner.pool.get_or_init(|| {
+                    self.inner
+                        .pool_options
+                        .clone()
+                        .connect_lazy_with(self.inner.connect_options.clone())
+                })
+            }
+        };
+        if self.inner.hosts.is_multi() {
+            // Points the pool at the host the lease statements use now, if
+            // it is not there yet; connections it holds stay until they fail.
+            let options = self.inner.hosts.current();
+            let host = format!("{}:{}", options.get_host(), options.get_port());
+            let mut at = self
+                .inner
+                .pool_host
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if at.as_deref() != Some(host.as_str()) {
+                pool.set_connect_options(options);
+                *at = Some(host);
+            }
         }
-        in_runtime()?;
-        Ok(self.inner.pool.get_or_init(|| {
-            self.inner
-                .pool_options
-                .clone()
-                .connect_lazy_with(self.inner.connect_options.clone())
-        }))
+        Ok(pool)
     }
 
     /// The URL's database.
@@ -253,6 +289,13 @@ impl MysqlProvider {
                 ),
                 e,
             )
+        } else if matches!(error_number(&e), Some(1205 | 1213)) {
+            LeaseError::unavailable(
+                format!(
+                    "MySQL at {server} rolled the statement back (a deadlock, a lock wait timeout or a Galera certification conflict); nothing changed"
+                ),
+                e,
+            )
         } else if is_unavailable(&e) {
             LeaseError::unavailable(format!("MySQL at {server} is unreachable"), e)
         } else {
@@ -277,11 +320,23 @@ impl MysqlProvider {
     /// privilege; `Config` when strict mode cannot be set.
     pub async fn migrate(&self) -> Result<()> {
         let create = &self.inner.sql.create_table;
+        let table = &self.inner.sql.table;
         let mode: String = self
             .bounded("the migration", async {
                 let mut c = self.inner.conns.checkout().await?;
                 let r = async {
-                    sqlx::query(create).execute(c.conn()).await?;
+                    // Only when missing: on Galera, DDL runs in total order
+                    // on every node and aborts the transactions on the
+                    // table there, even when the table exists.
+                    let exists: Option<i64> = sqlx::query_scalar(
+                        "SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
+                    )
+                    .bind(table)
+                    .fetch_optional(c.conn())
+                    .await?;
+                    if exists.is_none() {
+                        sqlx::query(create).execute(c.conn()).await?;
+                    }
                     sqlx::query_scalar("SELECT @@SESSION.sql_mode")
                         .fetch_one(c.conn())
                         .await
@@ -367,7 +422,69 @@ impl MysqlProvider {
                 "innodb_flush_log_at_trx_commit is {flush} ({version}): a crash can lose the last second of commits and reissue tokens"
             ))
         };
-        Ok(self.inner.caps.record(durable))
+        let galera = self.probe_galera().await?;
+        Ok(self
+            .inner
+            .caps
+            .record_with(|c| c.with_durable_tokens(durable).with_failover(galera)))
+    }
+
+    /// On a Galera node: what the loss of the node the provider uses keeps.
+    /// `None` for a single server (a failover there is a restart).
+    async fn probe_galera(&self) -> Result<Option<Failover>> {
+        let status: Vec<(String, String)> = self
+            .bounded(
+                "the Galera probe",
+                sqlx::query_as(
+                    "SHOW GLOBAL STATUS WHERE Variable_name IN ('wsrep_cluster_size', 'wsrep_cluster_status')",
+                )
+                .fetch_all(self.pool()?),
+            )
+            .await?;
+        let get = |name: &str| {
+            status
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.clone())
+        };
+        let wsrep: Vec<(String, String)> = self
+            .bounded(
+                "the Galera probe",
+                sqlx::query_as("SHOW VARIABLES LIKE 'wsrep_on'").fetch_all(self.pool()?),
+            )
+            .await?;
+        if !wsrep.iter().any(|(_, v)| v.eq_ignore_ascii_case("ON")) {
+            return Ok(None);
+        }
+        let options: Vec<(String, String)> = self
+            .bounded(
+                "the Galera probe",
+                sqlx::query_as("SHOW VARIABLES LIKE 'wsrep_provider_options'")
+                    .fetch_all(self.pool()?),
+            )
+            .await?;
+        // How long the surviving nodes take to agree that a node is gone
+        // (Galera's default is 5 s); commits wait meanwhile.
+        let suspect = options
+            .first()
+            .and_then(|(_, v)| provider_option(v, "evs.suspect_timeout"))
+            .and_then(iso_duration)
+            .unwrap_or(Duration::from_secs(5));
+        let size = get("wsrep_cluster_size").unwrap_or_default();
+        let status = get("wsrep_cluster_status").unwrap_or_default();
+        // A commit returns only once every node has certified its write set:
+        // whichever node the provider moves to orders it after every token
+        // handed out before, and a write that conflicts with one still being
+        // applied there is aborted (a deadlock error), never committed twice.
+        let tokens = FailoverTokens::Increasing(format!(
+            "Galera certifies every commit on all nodes before it returns (cluster of {size}, {status} when probed)"
+        ));
+        let hosts = u32::try_from(self.inner.hosts.len()).unwrap_or(u32::MAX);
+        Ok(Some(Failover::new(
+            tokens,
+            true,
+            suspect + self.inner.response_timeout * 2 + self.inner.hosts.connect_timeout() * hosts,
+        )))
     }
 
     pub(crate) fn start_probe(&self) {
@@ -435,6 +552,34 @@ pub(crate) fn in_runtime() -> Result<()> {
     Ok(())
 }
 
+/// One option's value in Galera's `wsrep_provider_options`
+/// (`name = value; name = value; ...`).
+fn provider_option<'a>(options: &'a str, name: &str) -> Option<&'a str> {
+    options.split(';').find_map(|pair| {
+        let (n, v) = pair.split_once('=')?;
+        (n.trim() == name).then(|| v.trim())
+    })
+}
+
+/// An ISO 8601 time duration as Galera writes them: `PT3S`, `PT1.5S`,
+/// `PT1M30S`, `PT1H`.
+fn iso_duration(text: &str) -> Option<Duration> {
+    let mut rest = text.strip_prefix("PT")?;
+    let mut secs = 0.0;
+    while !rest.is_empty() {
+        let end = rest.find(|c: char| c.is_ascii_alphabetic())?;
+        let n: f64 = rest[..end].parse().ok()?;
+        secs += n * match &rest[end..=end] {
+            "H" => 3600.0,
+            "M" => 60.0,
+            "S" => 1.0,
+            _ => return None,
+        };
+        rest = &rest[end + 1..];
+    }
+    Duration::try_from_secs_f64(secs).ok()
+}
+
 pub(crate) fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
@@ -445,4 +590,22 @@ pub(crate) fn from_micros(us: i64) -> Duration {
 
 pub(crate) fn token(t: u64) -> FencingToken {
     FencingToken(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn galera_timeouts_are_read() {
+        let options =
+            "base_port = 4567; evs.suspect_timeout = PT3S; evs.inactive_timeout = PT1M30S";
+        let get = |n| provider_option(options, n).and_then(iso_duration);
+        assert_eq!(get("evs.suspect_timeout"), Some(Duration::from_secs(3)));
+        assert_eq!(get("evs.inactive_timeout"), Some(Duration::from_secs(90)));
+        assert_eq!(get("base_port"), None);
+        assert_eq!(iso_duration("PT1.5S"), Some(Duration::from_millis(1500)));
+        assert_eq!(iso_duration("PT1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(iso_duration("P1D"), None);
+    }
 }

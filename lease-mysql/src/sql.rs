@@ -26,6 +26,8 @@ pub(crate) fn validate_identifier(what: &str, name: &str) -> Result<(), LeaseErr
 
 #[derive(Debug)]
 pub(crate) struct Statements {
+    /// The table's name, unquoted.
+    pub table: String,
     pub create_table: String,
     pub acquire: String,
     pub held: String,
@@ -52,6 +54,7 @@ impl Statements {
         let now = "UTC_TIMESTAMP(6)";
         let remaining = format!("TIMESTAMPDIFF(MICROSECOND, {now}, expires_at)");
         Statements {
+            table: table.to_owned(),
             // Binary columns: keys compare byte for byte, so `a`, `A`, `a `
             // and `á` are four keys, whatever the server's default collation.
             create_table: format!(

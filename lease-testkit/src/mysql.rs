@@ -7,7 +7,7 @@ use crate::{OwnedProcess, Readiness, TempDir, free_port};
 
 /// The uid and gid of the `mysql` user when running as root (the server
 /// runs as it), else `None`.
-fn mysql_user() -> Option<(u32, u32)> {
+pub(crate) fn mysql_user() -> Option<(u32, u32)> {
     let id = |args: &[&str]| -> Option<u32> {
         let out = Command::new("id").args(args).output().ok()?;
         String::from_utf8(out.stdout).ok()?.trim().parse().ok()
@@ -16,6 +16,46 @@ fn mysql_user() -> Option<(u32, u32)> {
         return None;
     }
     Some((id(&["-u", "mysql"])?, id(&["-g", "mysql"])?))
+}
+
+/// `mariadb-install-db` into `data`, as `run_as`: system tables and a
+/// `root` login without a password on loopback.
+///
+/// # Panics
+/// When it fails; the message shows its output.
+pub(crate) fn install_db(data: &std::path::Path, run_as: Option<(u32, u32)>) {
+    let mut install = Command::new("mariadb-install-db");
+    install
+        .arg("--no-defaults")
+        .arg(format!("--datadir={}", data.display()))
+        .args(["--auth-root-authentication-method=normal", "--skip-test-db"]);
+    if let Some((uid, gid)) = run_as {
+        install.uid(uid).gid(gid);
+    }
+    let out = install
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run mariadb-install-db: {e}"));
+    assert!(
+        out.status.success(),
+        "mariadb-install-db failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Runs one statement as `root` on the MariaDB at `port` with the `mariadb`
+/// client (bounded: a frozen server would hang it); its tab-separated
+/// output.
+pub(crate) fn mariadb(port: u16, sql: &str) -> Option<String> {
+    let out = Command::new("timeout")
+        .args(["5", "mariadb", "-h", "127.0.0.1", "-P", &port.to_string()])
+        .args(["-u", "root", "-N", "-e", sql])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// A private MariaDB server on a free port, data in a temporary directory,
@@ -37,23 +77,7 @@ pub fn owned_mysql(extra: &[&str]) -> OwnedProcess {
             .status();
     }
     let data = dir.path().join("data");
-    let mut install = Command::new("mariadb-install-db");
-    install
-        .arg("--no-defaults")
-        .arg(format!("--datadir={}", data.display()))
-        .args(["--auth-root-authentication-method=normal", "--skip-test-db"]);
-    if let Some((uid, gid)) = run_as {
-        install.uid(uid).gid(gid);
-    }
-    let out = install
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run mariadb-install-db: {e}"));
-    assert!(
-        out.status.success(),
-        "mariadb-install-db failed:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    install_db(&data, run_as);
     let init = dir.path().join("init.sql");
     std::fs::write(&init, "CREATE DATABASE IF NOT EXISTS lease;\n").expect("write init.sql");
     let mut args: Vec<String> = vec![

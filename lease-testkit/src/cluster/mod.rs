@@ -1,7 +1,8 @@
 //! Replicated stores on loopback, each member an [`OwnedProcess`](crate::OwnedProcess) on its own
 //! free ports with its own data directory: an etcd cluster, a ZooKeeper
 //! ensemble, N independent Redis nodes for Redlock, a Redis primary with
-//! replicas under Sentinel, and a PostgreSQL primary with a streaming standby. A test (or
+//! replicas under Sentinel, a PostgreSQL primary with a streaming standby,
+//! and a MariaDB Galera cluster. A test (or
 //! `scripts/clusters`) starts one, and may stop, kill -9, freeze, thaw and
 //! restart any member on its own data, and ask which member leads.
 //!
@@ -9,6 +10,7 @@
 //! so a suite may keep its cluster in a `static` for all its cases.
 
 mod etcd;
+mod galera;
 mod members;
 mod postgres;
 mod redis_cluster;
@@ -18,6 +20,7 @@ mod topology;
 mod zk;
 
 pub use etcd::EtcdCluster;
+pub use galera::{GALERA_PROVIDER, GaleraCluster};
 pub use postgres::PostgresHa;
 pub use redis_cluster::{CLUSTER_NODE_TIMEOUT, RedisCluster};
 pub use redis_nodes::RedisNodes;

@@ -1,0 +1,171 @@
+//! One MySQL/MariaDB server, or the nodes of a Galera cluster.
+//!
+//! `mysql://user@h1:p1,h2:p2,h3:p3/db` names several servers. Each new
+//! connection goes to the host that answered last, and on to the next when
+//! it does not answer within the connect timeout or is not ready (a Galera
+//! node outside the primary component, `wsrep_ready` off). Every node of a
+//! Galera cluster takes writes, and a commit is certified by every node
+//! before it returns, so any ready node will do; staying on one keeps the
+//! writes of all clients on one node, where InnoDB's row locks order them
+//! without certification conflicts.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use lease_api::{LeaseError, Result};
+use sqlx::ConnectOptions;
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
+
+#[derive(Debug)]
+pub(crate) struct Hosts {
+    options: Vec<MySqlConnectOptions>,
+    /// The host that answered last (tried first).
+    current: AtomicUsize,
+    connect_timeout: Duration,
+}
+
+/// Splits `mysql://user:pw@h1:p1,h2:p2/db?params` into one URL per host. A
+/// URL with one host comes back as it is.
+pub(crate) fn split_hosts(url: &str) -> Result<Vec<String>> {
+    let bad = |why: &str| {
+        LeaseError::Config(format!(
+            "invalid MySQL URL ({why}); expected mysql://user[:password]@host[:port][,host[:port]...]/database"
+        ))
+    };
+    let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("no scheme"))?;
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((u, h)) => (format!("{u}@"), h),
+        None => (String::new(), authority),
+    };
+    if !hosts.contains(',') {
+        return Ok(vec![url.to_owned()]);
+    }
+    hosts
+        .split(',')
+        .map(|h| {
+            if h.is_empty() {
+                Err(bad("an empty host in the list"))
+            } else {
+                Ok(format!("{scheme}://{userinfo}{h}{tail}"))
+            }
+        })
+        .collect()
+}
+
+impl Hosts {
+    pub(crate) fn new(options: Vec<MySqlConnectOptions>, connect_timeout: Duration) -> Self {
+        Hosts {
+            options,
+            current: AtomicUsize::new(0),
+            connect_timeout,
+        }
+    }
+
+    pub(crate) fn is_multi(&self) -> bool {
+        self.options.len() > 1
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.options.len()
+    }
+
+    /// How long one host may take to connect.
+    pub(crate) fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// The options of the host that answered last.
+    pub(crate) fn current(&self) -> MySqlConnectOptions {
+        let i = self.current.load(Ordering::Relaxed) % self.options.len();
+        self.options[i].clone()
+    }
+
+    /// `host:port[,host:port...]`, for messages.
+    pub(crate) fn display(&self) -> String {
+        self.options
+            .iter()
+            .map(|o| format!("{}:{}", o.get_host(), o.get_port()))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// A connection to the first host, from the one that answered last,
+    /// that connects within the connect timeout and is ready, with `setup`
+    /// run on it.
+    pub(crate) async fn connect(
+        &self,
+        setup: &str,
+    ) -> std::result::Result<MySqlConnection, sqlx::Error> {
+        let n = self.options.len();
+        let start = self.current.load(Ordering::Relaxed);
+        let mut last = None;
+        for i in 0..n {
+            let at = (start + i) % n;
+            let attempt = async {
+                let mut conn = self.options[at].connect().await?;
+                sqlx::query(setup).execute(&mut conn).await?;
+                if self.is_multi() && !is_ready(&mut conn).await? {
+                    return Err(sqlx::Error::Protocol(
+                        "the node is not ready (wsrep_ready is OFF: outside the primary component)"
+                            .into(),
+                    ));
+                }
+                Ok(conn)
+            };
+            match tokio::time::timeout(self.connect_timeout, attempt).await {
+                Ok(Ok(conn)) => {
+                    self.current.store(at, Ordering::Relaxed);
+                    return Ok(conn);
+                }
+                Ok(Err(e)) => last = Some(e),
+                Err(_) => {
+                    last = Some(sqlx::Error::Io(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "the server did not answer within the connect timeout",
+                    )));
+                }
+            }
+            if n > 1 {
+                tracing::debug!(host = %format!("{}:{}", self.options[at].get_host(), self.options[at].get_port()), "MySQL host passed over");
+            }
+        }
+        Err(last.unwrap_or(sqlx::Error::PoolClosed))
+    }
+}
+
+/// Whether a node serves: not a Galera node (`wsrep_on` off or absent), or
+/// one in the primary component (`wsrep_ready` ON).
+pub(crate) async fn is_ready(conn: &mut MySqlConnection) -> std::result::Result<bool, sqlx::Error> {
+    let on = |row: Option<(String, String)>| row.is_some_and(|(_, v)| v.eq_ignore_ascii_case("ON"));
+    let wsrep: Option<(String, String)> = sqlx::query_as("SHOW VARIABLES LIKE 'wsrep_on'")
+        .fetch_optional(&mut *conn)
+        .await?;
+    if !on(wsrep) {
+        return Ok(true);
+    }
+    let ready: Option<(String, String)> = sqlx::query_as("SHOW STATUS LIKE 'wsrep_ready'")
+        .fetch_optional(conn)
+        .await?;
+    Ok(on(ready))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_lists_split_into_one_url_per_host() {
+        assert_eq!(
+            split_hosts("mysql://u:p@a:1,b:2,c/db?ssl-mode=required").unwrap(),
+            [
+                "mysql://u:p@a:1/db?ssl-mode=required",
+                "mysql://u:p@b:2/db?ssl-mode=required",
+                "mysql://u:p@c/db?ssl-mode=required"
+            ]
+        );
+        assert_eq!(split_hosts("mysql://a/db").unwrap(), ["mysql://a/db"]);
+        assert!(split_hosts("mysql://a,,b/db").is_err());
+    }
+}
