@@ -144,7 +144,7 @@ impl Checkout<'_> {
             // answer was an interruption: start clean), 1047 a Galera node
             // outside the primary component (the next connection moves on).
             Err(e @ sqlx::Error::Database(_)) => !matches!(
-                crate::provider::error_number(e),
+                crate::error::error_number(e),
                 Some(1927 | 1053 | 2006 | 2013 | 1969 | 1047)
             ),
             Err(_) => false,

@@ -109,6 +109,7 @@
 mod advisory;
 mod config;
 mod conns;
+mod error;
 mod hosts;
 mod ops;
 mod provider;

@@ -10,12 +10,14 @@ use lease_api::{
     Capabilities, ExpiryClock, Failover, FailoverTokens, FencingToken, Lease, LeaseError,
     Notifications, Result, TokenDurability,
 };
-use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlDatabaseError, MySqlPool, MySqlPoolOptions};
+use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 use sqlx::{Row, Transaction};
 use tokio::sync::OnceCell;
 
 use crate::config::MysqlConfig;
 use crate::conns::{Conns, PING_IF_IDLE_FOR, session_setup};
+pub(crate) use crate::error::error_number;
+use crate::error::{is_denied, is_unavailable};
 use crate::hosts::{Hosts, split_hosts};
 use crate::sql::{Statements, validate_identifier};
 
@@ -56,48 +58,6 @@ impl std::fmt::Debug for MysqlProvider {
             .field("namespace", &self.inner.namespace)
             .finish_non_exhaustive()
     }
-}
-
-/// The server's error number (`ER_*`), for a database error.
-pub(crate) fn error_number(e: &sqlx::Error) -> Option<u16> {
-    match e {
-        sqlx::Error::Database(d) => d
-            .try_downcast_ref::<MySqlDatabaseError>()
-            .map(MySqlDatabaseError::number),
-        _ => None,
-    }
-}
-
-/// A failed TLS handshake or certificate check, a refused login (1045 access
-/// denied, 1044 no access to the database, 1698 no password login, 3159 TLS
-/// required) or a missing privilege (1142, 1143, 1227).
-fn is_denied(e: &sqlx::Error) -> bool {
-    matches!(e, sqlx::Error::Tls(_))
-        || matches!(e, sqlx::Error::Io(io) if io.get_ref().is_some_and(|i| lease_api::backend::is_tls_refusal(i)))
-        || matches!(
-            error_number(e),
-            Some(1044 | 1045 | 1142 | 1143 | 1227 | 1698 | 3159)
-        )
-}
-
-/// Errors that may pass: the server is down, restarting, overloaded, or
-/// timed a statement out; a lock wait or deadlock (1205, 1213; Galera's
-/// certification conflict is reported as 1213); too many connections (1040);
-/// the connection killed or the server shutting down (1927, 1053, 2006,
-/// 2013); a statement over `max_statement_time` (1969); a Galera node that
-/// is not ready (1047).
-fn is_unavailable(e: &sqlx::Error) -> bool {
-    matches!(
-        e,
-        sqlx::Error::Io(_)
-            | sqlx::Error::PoolTimedOut
-            | sqlx::Error::PoolClosed
-            | sqlx::Error::WorkerCrashed
-            | sqlx::Error::Protocol(_)
-    ) || matches!(
-        error_number(e),
-        Some(1040 | 1047 | 1053 | 1205 | 1213 | 1927 | 1969 | 2006 | 2013)
-    )
 }
 
 /// The URL as sqlx reads it: `mariadb://` is `mysql://`.
