@@ -38,6 +38,7 @@ impl Hosts {
         let port = match scheme {
             "redis" | "rediss" | "redlock" => 6379,
             "postgres" | "postgresql" => 5432,
+            "mysql" | "mariadb" => 3306,
             "etcd" | "etcds" => 2379,
             "zk" => 2181,
             _ => return None,

@@ -6,7 +6,9 @@
 
 use clap::Parser;
 use lease_chaos::{Report, RunArgs, run};
-use lease_testkit::{TempDir, owned_etcd, owned_postgres, owned_redis, owned_zk, store_url};
+use lease_testkit::{
+    TempDir, owned_etcd, owned_mysql, owned_postgres, owned_redis, owned_zk, store_url,
+};
 
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -67,6 +69,10 @@ fn postgres_url() -> String {
     store_url("LEASE_TEST_POSTGRES_URL")
 }
 
+fn mysql_url() -> String {
+    store_url("LEASE_TEST_MYSQL_URL")
+}
+
 fn etcd_url() -> String {
     store_url("LEASE_TEST_ETCD_URL").replace("http://", "etcd://")
 }
@@ -100,6 +106,11 @@ async fn redlock_holds_under_client_faults_and_a_cut_minority() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_holds_under_pauses_crashes_and_partitions() {
     holds(&cell(&postgres_url(), CLIENT_FAULTS).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_holds_under_pauses_crashes_and_partitions() {
+    holds(&cell(&mysql_url(), CLIENT_FAULTS).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -266,6 +277,7 @@ async fn every_networked_store_holds_while_frozen() {
     let pg = owned_postgres();
     let etcd = owned_etcd();
     let zk = owned_zk();
+    let mysql = owned_mysql(&[]);
     let stores = [
         (format!("redis://127.0.0.1:{}", redis.port()), redis.pid()),
         (
@@ -274,6 +286,10 @@ async fn every_networked_store_holds_while_frozen() {
         ),
         (format!("etcd://127.0.0.1:{}", etcd.port()), etcd.pid()),
         (format!("zk://127.0.0.1:{}", zk.port()), zk.pid()),
+        (
+            format!("mysql://root@127.0.0.1:{}/lease", mysql.port()),
+            mysql.pid(),
+        ),
     ];
     for (url, pid) in stores {
         let pid = pid.to_string();

@@ -15,7 +15,7 @@ use clap::Parser;
 use lease_chaos::{Members, Report, RunArgs, run_with_members};
 use lease_testkit::TempDir;
 use lease_testkit::cluster::{
-    EtcdCluster, RedisCluster, RedisNodes, RedisSentinel, Topology, ZkEnsemble,
+    EtcdCluster, GaleraCluster, RedisCluster, RedisNodes, RedisSentinel, Topology, ZkEnsemble,
 };
 
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -136,6 +136,15 @@ async fn etcd_cluster_holds_when_its_leader_is_killed_or_frozen() {
         ALL_FAULTS,
     )
     .await;
+    holds(&r);
+}
+
+/// Galera has no leader: the fault hits the first running node, the one
+/// the workers' providers use (they name every node, in order), which then
+/// move on to the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn galera_cluster_holds_when_the_node_in_use_is_killed_or_frozen() {
+    let r = cell(|| GaleraCluster::start(3), GaleraCluster::url, ALL_FAULTS).await;
     holds(&r);
 }
 

@@ -407,7 +407,21 @@ impl Store {
                 })
             }
             "mysql" | "mariadb" => {
-                crate::urls::single(url, MYSQL_PARAMS)?;
+                // Several hosts (a Galera cluster's nodes): each a host:port,
+                // the rest checked as on a URL of the first.
+                let end = rest.find(['/', '?']).unwrap_or(rest.len());
+                let (authority, tail) = rest.split_at(end);
+                let (userinfo, hosts) = match authority.rsplit_once('@') {
+                    Some((u, h)) => (format!("{u}@"), h),
+                    None => (String::new(), authority),
+                };
+                if hosts.contains(',') {
+                    let list = crate::urls::host_list(scheme, hosts, false)?;
+                    let first = format!("{scheme}://{userinfo}{}{tail}", list[0].raw);
+                    crate::urls::single(&first, MYSQL_PARAMS)?;
+                } else {
+                    crate::urls::single(url, MYSQL_PARAMS)?;
+                }
                 let (base, query) = url.split_once('?').unwrap_or((url, ""));
                 let mut keep = Vec::new();
                 let mut table = None;
@@ -627,6 +641,14 @@ mod tests {
             "mysql://u:***@h/db?lease_table=lease_leases"
         );
         assert!(Store::parse("mysql://u@h/db?lease_tabel=x").is_err());
+        assert_eq!(
+            Store::parse("mysql://u:pw@a:1,b:2,c:3/db")
+                .unwrap()
+                .to_string(),
+            "mysql://u:***@a:1,b:2,c:3/db?lease_table=lease_leases"
+        );
+        assert!(Store::parse("mysql://u@a:1,a:1/db").is_err());
+        assert!(Store::parse("mysql://u@a:1,b:2/db?lease_tabel=x").is_err());
         assert_eq!(
             Store::parse("postgresql://u@h/db").unwrap(),
             Store::Postgres {
