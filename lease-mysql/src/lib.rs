@@ -111,6 +111,7 @@ mod config;
 mod conns;
 mod error;
 mod hosts;
+mod multi;
 mod ops;
 mod provider;
 mod sql;

@@ -119,6 +119,15 @@ impl LeaseProvider for MysqlProvider {
         }
     }
 
+    /// Two statements for the whole batch (see `multi.rs`).
+    async fn extend_many(&self, leases: &[Lease]) -> Result<Vec<Result<Lease>>> {
+        self.extend_batch(leases).await
+    }
+
+    fn batch_limit(&self) -> usize {
+        crate::multi::BATCH
+    }
+
     async fn release(&self, lease: &Lease) -> Result<()> {
         self.ready().await?;
         let done = self
