@@ -34,7 +34,7 @@ pub use assertions::{
 };
 pub use env::{HOW_TO_START, pg_bindir, store_url};
 pub use etcd::{etcdctl_tls, owned_etcd, owned_etcd_tls};
-pub use mysql::owned_mysql;
+pub use mysql::{owned_mysql, owned_mysql_tls};
 pub use names::unique;
 pub use ports::{free_port, free_port_and};
 pub use postgres::{owned_postgres, owned_postgres_tls};

@@ -58,6 +58,54 @@ pub(crate) fn mariadb(port: u16, sql: &str) -> Option<String> {
         .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// A private MariaDB that takes TCP clients only over TLS
+/// (`require_secure_transport`, a server certificate from `ca` naming
+/// `localhost` and `127.0.0.1`), with a login `tls` whose password is
+/// `password`. It also listens on 127.0.0.2, which the certificate does not
+/// name. Readiness is only that it listens: the readiness check's client
+/// does not speak TLS by default.
+///
+/// # Panics
+/// As [`owned_mysql`].
+pub fn owned_mysql_tls(ca: &crate::TestCa, password: &str) -> OwnedProcess {
+    let (cert, key) = ca.server();
+    let ca_file = ca.ca();
+    let password = password.to_owned();
+    owned_mysql_with(
+        move |dir| {
+            let mut files = Vec::new();
+            for (from, to) in [
+                (ca_file, "ca.pem"),
+                (cert, "server.pem"),
+                (key, "server.key"),
+            ] {
+                let path = dir.join(to);
+                std::fs::copy(&from, &path).expect("copy the TLS files");
+                files.push(path);
+            }
+            let init = dir.join("users.sql");
+            std::fs::write(
+                &init,
+                format!(
+                    "CREATE DATABASE IF NOT EXISTS lease;\n\
+                     CREATE USER IF NOT EXISTS 'tls'@'%' IDENTIFIED BY '{password}' REQUIRE SSL;\n\
+                     GRANT ALL ON lease.* TO 'tls'@'%';\n"
+                ),
+            )
+            .expect("write users.sql");
+            vec![
+                format!("--ssl-ca={}", files[0].display()),
+                format!("--ssl-cert={}", files[1].display()),
+                format!("--ssl-key={}", files[2].display()),
+                "--require-secure-transport=ON".into(),
+                "--bind-address=127.0.0.1,127.0.0.2".into(),
+                format!("--init-file={}", init.display()),
+            ]
+        },
+        Readiness::Listening,
+    )
+}
+
 /// A private MariaDB server on a free port, data in a temporary directory,
 /// every commit flushed (`innodb_flush_log_at_trx_commit` 1), a database
 /// `lease` and a `root` login without a password on loopback. Its URL:
@@ -66,8 +114,20 @@ pub(crate) fn mariadb(port: u16, sql: &str) -> Option<String> {
 /// # Panics
 /// When mariadb-install-db or the server fails; the message shows the log.
 pub fn owned_mysql(extra: &[&str]) -> OwnedProcess {
+    let extra: Vec<String> = extra.iter().map(|a| (*a).to_owned()).collect();
+    owned_mysql_with(move |_| extra, Readiness::Mysql)
+}
+
+/// A private MariaDB; `configure(its directory)` writes any files it needs
+/// there and returns more server options (an `--init-file` among them
+/// replaces the default one).
+fn owned_mysql_with(
+    configure: impl FnOnce(&std::path::Path) -> Vec<String>,
+    readiness: Readiness,
+) -> OwnedProcess {
     let port = free_port();
     let dir = TempDir::new("lease-mysql");
+    let extra = configure(dir.path());
     let run_as = mysql_user();
     if let Some((uid, gid)) = run_as {
         let _ = Command::new("chown")
@@ -87,13 +147,16 @@ pub fn owned_mysql(extra: &[&str]) -> OwnedProcess {
         "--bind-address=127.0.0.1".into(),
         format!("--socket={}", dir.path().join("sock").display()),
         format!("--pid-file={}", dir.path().join("pid").display()),
-        format!("--init-file={}", init.display()),
         "--skip-name-resolve".into(),
         "--skip-log-bin".into(),
         "--innodb-buffer-pool-size=32M".into(),
         "--innodb-flush-log-at-trx-commit=1".into(),
     ];
-    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    // An --init-file among `extra` replaces the default one.
+    if !extra.iter().any(|a| a.starts_with("--init-file=")) {
+        args.push(format!("--init-file={}", init.display()));
+    }
+    args.extend(extra);
     let mut p = OwnedProcess {
         name: "mysql".into(),
         program: "mariadbd".into(),
@@ -103,7 +166,7 @@ pub fn owned_mysql(extra: &[&str]) -> OwnedProcess {
         child: None,
         run_as: None,
         stop_signal: "TERM",
-        readiness: Readiness::Mysql,
+        readiness,
         dir,
     }
     .configured(run_as, "TERM");
