@@ -4,8 +4,9 @@ use std::time::Duration;
 
 use lease_api::backend::DEFAULT_NAMESPACE;
 
-/// How to reach MySQL or MariaDB and where the lease table lives.
-#[derive(Clone, Debug)]
+/// How to reach MySQL or MariaDB and where the lease table lives. `Debug`
+/// shows the URL with its password replaced by `***`.
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct MysqlConfig {
     /// `mysql://user:password@host:port/database` (also `mariadb://`), with
@@ -30,6 +31,37 @@ pub struct MysqlConfig {
     /// Create the table on first use. Default true; turn off when schemas are
     /// managed elsewhere and call [`MysqlProvider::migrate`](crate::MysqlProvider::migrate) there instead.
     pub create_table: bool,
+}
+
+impl std::fmt::Debug for MysqlConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MysqlConfig")
+            .field("url", &redacted(&self.url))
+            .field("namespace", &self.namespace)
+            .field("table", &self.table)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .field("max_connections", &self.max_connections)
+            .field("poll_interval", &self.poll_interval)
+            .field("create_table", &self.create_table)
+            .finish()
+    }
+}
+
+/// `url` with the password of its user info replaced by `***`.
+pub(crate) fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "<not a URL>".into();
+    };
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, hosts)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+            format!("{scheme}://{user}:***@{hosts}{tail}")
+        }
+        None => url.to_owned(),
+    }
 }
 
 impl MysqlConfig {
@@ -83,5 +115,23 @@ impl MysqlConfig {
     pub fn create_table(mut self, create: bool) -> Self {
         self.create_table = create;
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_hides_the_password() {
+        let shown = format!(
+            "{:?}",
+            MysqlConfig::new("mysql://app:s3cret@h1:1,h2:2/db?x=1")
+        );
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(
+            shown.contains("mysql://app:***@h1:1,h2:2/db?x=1"),
+            "{shown}"
+        );
     }
 }

@@ -53,6 +53,9 @@ pub(crate) struct Checkout<'a> {
 ///
 /// - `STRICT_ALL_TABLES`: a value that does not fit is an error, never
 ///   silently cut (a key, a token), whatever the server's default mode;
+/// - without MariaDB's `SIMULTANEOUS_ASSIGNMENT`: the acquire's
+///   `ON DUPLICATE KEY UPDATE` relies on each assignment seeing the columns
+///   assigned before it (see `sql::WON`);
 /// - `innodb_lock_wait_timeout`: a statement waiting on a row lock (a
 ///   fenced transaction holding the row) gives up within the response
 ///   timeout (whole seconds, at least 1);
@@ -65,7 +68,7 @@ pub(crate) fn session_setup(limit: Duration) -> String {
     let lock_wait = limit.as_secs().max(1);
     let statement = limit.as_secs_f64().max(0.001);
     format!(
-        "SET SESSION sql_mode = CONCAT(@@SESSION.sql_mode, ',STRICT_ALL_TABLES'), \
+        "SET SESSION sql_mode = REPLACE(CONCAT(@@SESSION.sql_mode, ',STRICT_ALL_TABLES'), 'SIMULTANEOUS_ASSIGNMENT', ''), \
          innodb_lock_wait_timeout = {lock_wait} /*M!, max_statement_time = {statement:.3} */"
     )
 }
@@ -145,7 +148,7 @@ impl Checkout<'_> {
             // outside the primary component (the next connection moves on).
             Err(e @ sqlx::Error::Database(_)) => !matches!(
                 crate::error::error_number(e),
-                Some(1927 | 1053 | 2006 | 2013 | 1969 | 1047)
+                Some(1927 | 1053 | 2006 | 2013 | 1969 | 1047 | 1290 | 1836 | 4031)
             ),
             Err(_) => false,
         };

@@ -29,8 +29,9 @@ pub(crate) fn is_denied(e: &sqlx::Error) -> bool {
 /// timed a statement out; a lock wait or deadlock (1205, 1213; Galera's
 /// certification conflict is reported as 1213); too many connections (1040);
 /// the connection killed or the server shutting down (1927, 1053, 2006,
-/// 2013); a statement over `max_statement_time` (1969); a Galera node that
-/// is not ready (1047).
+/// 2013, MySQL's idle disconnect 4031); a statement over
+/// `max_statement_time` (1969); a Galera node that is not ready (1047); a
+/// server in read-only mode (1290, 1836), as a demoted node is.
 pub(crate) fn is_unavailable(e: &sqlx::Error) -> bool {
     matches!(
         e,
@@ -41,6 +42,6 @@ pub(crate) fn is_unavailable(e: &sqlx::Error) -> bool {
             | sqlx::Error::Protocol(_)
     ) || matches!(
         error_number(e),
-        Some(1040 | 1047 | 1053 | 1205 | 1213 | 1927 | 1969 | 2006 | 2013)
+        Some(1040 | 1047 | 1053 | 1205 | 1213 | 1290 | 1836 | 1927 | 1969 | 2006 | 2013 | 4031)
     )
 }

@@ -106,11 +106,24 @@ impl Hosts {
             let attempt = async {
                 let mut conn = self.options[at].connect().await?;
                 sqlx::query(setup).execute(&mut conn).await?;
-                if self.is_multi() && !is_ready(&mut conn).await? {
-                    return Err(sqlx::Error::Protocol(
-                        "the node is not ready (wsrep_ready is OFF: outside the primary component)"
-                            .into(),
-                    ));
+                if self.is_multi() {
+                    match galera_state(&mut conn).await? {
+                        Galera::Ready => {}
+                        Galera::NotReady => {
+                            return Err(sqlx::Error::Protocol(
+                                "the node is not ready (wsrep_ready is OFF: outside the primary component)"
+                                    .into(),
+                            ));
+                        }
+                        // A primary and its asynchronous replicas are not
+                        // interchangeable: a replica behind its primary
+                        // would hand out tokens again.
+                        Galera::Off => {
+                            return Err(sqlx::Error::Configuration(
+                                "several hosts must be the nodes of one Galera cluster; this server does not run Galera (wsrep_on is OFF)".into(),
+                            ));
+                        }
+                    }
                 }
                 Ok(conn)
             };
@@ -119,6 +132,8 @@ impl Hosts {
                     self.current.store(at, Ordering::Relaxed);
                     return Ok(conn);
                 }
+                // A list that is not one Galera cluster: no other host helps.
+                Ok(Err(e @ sqlx::Error::Configuration(_))) => return Err(e),
                 Ok(Err(e)) => last = Some(e),
                 Err(_) => {
                     last = Some(sqlx::Error::Io(std::io::Error::new(
@@ -135,20 +150,34 @@ impl Hosts {
     }
 }
 
-/// Whether a node serves: not a Galera node (`wsrep_on` off or absent), or
-/// one in the primary component (`wsrep_ready` ON).
-pub(crate) async fn is_ready(conn: &mut MySqlConnection) -> std::result::Result<bool, sqlx::Error> {
+/// What a server is to a list of hosts.
+pub(crate) enum Galera {
+    /// A Galera node in the primary component (`wsrep_ready` ON).
+    Ready,
+    /// A Galera node outside it.
+    NotReady,
+    /// Not a Galera node (`wsrep_on` off, or no such setting: MySQL).
+    Off,
+}
+
+pub(crate) async fn galera_state(
+    conn: &mut MySqlConnection,
+) -> std::result::Result<Galera, sqlx::Error> {
     let on = |row: Option<(String, String)>| row.is_some_and(|(_, v)| v.eq_ignore_ascii_case("ON"));
     let wsrep: Option<(String, String)> = sqlx::query_as("SHOW VARIABLES LIKE 'wsrep_on'")
         .fetch_optional(&mut *conn)
         .await?;
     if !on(wsrep) {
-        return Ok(true);
+        return Ok(Galera::Off);
     }
     let ready: Option<(String, String)> = sqlx::query_as("SHOW STATUS LIKE 'wsrep_ready'")
         .fetch_optional(conn)
         .await?;
-    Ok(on(ready))
+    Ok(if on(ready) {
+        Galera::Ready
+    } else {
+        Galera::NotReady
+    })
 }
 
 #[cfg(test)]

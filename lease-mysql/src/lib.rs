@@ -99,10 +99,45 @@
 //! durable; otherwise a crash can lose the last second of commits, and the
 //! declaration says so.
 //!
+//! ## Several hosts: Galera
+//!
+//! `mysql://user@h1:3306,h2:3306,h3:3306/db` names the nodes of a Galera
+//! cluster. The provider stays on the node that answered last (so every
+//! client's writes meet on one node, where row locks order them), and moves
+//! on when a node does not answer or leaves the primary component. A
+//! certification conflict surfaces at commit as a deadlock error (1213):
+//! the statement was rolled back, nothing changed, and the provider asks
+//! again. The probe declares the failover: tokens keep growing and a held
+//! lease survives, since every commit is certified by every node before it
+//! returns; the recovery bound includes the cluster's `evs.suspect_timeout`.
+//!
+//! Three things differ from a single server:
+//! - several hosts must be one Galera cluster's nodes: a list of servers
+//!   without Galera (a primary and its asynchronous replicas) is refused
+//!   with `Config`, since a replica behind its primary would hand tokens
+//!   out again;
+//! - [`MysqlProvider::begin_fenced`] is refused: a row lock holds off
+//!   writers on its own node only, and is not part of certification;
+//! - expiry is decided by the clock of the node that runs the statement,
+//!   and two clients may be on two nodes (after a failover): the nodes'
+//!   clock skew adds to the expiry slack. Keep the nodes under NTP.
+//!
+//! ## Servers
+//!
+//! The tests run MariaDB 10.11 and Galera 4 (Debian's packages). MySQL 8
+//! speaks the same statements (`VALUES()` in `ON DUPLICATE KEY UPDATE` is
+//! deprecated there, with a warning) but is not tested here: Debian ships
+//! no MySQL server. On MySQL a statement cut off by the client is not ended
+//! by the server (`max_statement_time` is MariaDB's).
+//!
 //! ## Not yet here
 //!
 //! Read/write leases, fair waiting and atomic multi-key sets are declared
-//! absent (`Config` errors; sets are taken key by key, in key order).
+//! absent (`Config` errors; sets are taken key by key, in key order), and
+//! so is a store session (`session_store`): a `LeaseSession` renews with
+//! `extend_many`, two statements per batch of up to 1,000 leases. The job
+//! queue and once-per-slot claims of `lease-postgres` have no MySQL
+//! counterpart yet.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

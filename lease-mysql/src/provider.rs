@@ -40,6 +40,8 @@ pub(crate) struct Inner {
     pub(crate) poll_interval: Duration,
     pub(crate) caps: ProbedCapabilities,
     pub(crate) display: String,
+    /// Whether the server runs Galera, asked once.
+    pub(crate) galera: OnceCell<bool>,
 }
 
 /// Leases in a MySQL or MariaDB table, timed by the database clock.
@@ -135,8 +137,15 @@ impl MysqlProvider {
                     sqlx::query(&setup).execute(&mut *conn).await?;
                     // The pool's host may be a node outside the primary
                     // component: refuse it.
-                    if multi && !crate::hosts::is_ready(conn).await? {
-                        return Err(sqlx::Error::Protocol("the node is not ready".into()));
+                    if multi
+                        && !matches!(
+                            crate::hosts::galera_state(conn).await?,
+                            crate::hosts::Galera::Ready
+                        )
+                    {
+                        return Err(sqlx::Error::Protocol(
+                            "the node is not a ready Galera node".into(),
+                        ));
                     }
                     Ok(())
                 })
@@ -173,6 +182,7 @@ impl MysqlProvider {
                 poll_interval: config.poll_interval,
                 caps: ProbedCapabilities::new(base),
                 display,
+                galera: OnceCell::new(),
             }),
         })
     }
@@ -221,6 +231,24 @@ impl MysqlProvider {
         Ok(pool)
     }
 
+    /// Whether the server is a Galera node (`wsrep_on`), asked once.
+    pub(crate) async fn is_galera(&self) -> Result<bool> {
+        self.inner
+            .galera
+            .get_or_try_init(|| async {
+                let on: Option<(String, String)> = self
+                    .bounded(
+                        "the Galera probe",
+                        sqlx::query_as("SHOW VARIABLES LIKE 'wsrep_on'")
+                            .fetch_optional(self.pool()?),
+                    )
+                    .await?;
+                Ok::<_, LeaseError>(on.is_some_and(|(_, v)| v.eq_ignore_ascii_case("ON")))
+            })
+            .await
+            .copied()
+    }
+
     /// The URL's database.
     pub(crate) fn database(&self) -> &str {
         self.inner
@@ -242,6 +270,9 @@ impl MysqlProvider {
 
     pub(crate) fn map_err(&self, e: sqlx::Error) -> LeaseError {
         let server = &self.inner.display;
+        if let sqlx::Error::Configuration(c) = &e {
+            return LeaseError::Config(format!("MySQL at {server}: {c}"));
+        }
         if is_denied(&e) {
             LeaseError::denied(
                 format!(
@@ -443,7 +474,9 @@ impl MysqlProvider {
         Ok(Some(Failover::new(
             tokens,
             true,
-            suspect + self.inner.response_timeout * 2 + self.inner.hosts.connect_timeout() * hosts,
+            suspect
+                .saturating_add(self.inner.response_timeout.saturating_mul(2))
+                .saturating_add(self.inner.hosts.connect_timeout().saturating_mul(hosts)),
         )))
     }
 
@@ -481,6 +514,13 @@ impl MysqlProvider {
     /// `Unavailable` when the database cannot be reached.
     pub async fn begin_fenced(&self, lease: &Lease) -> Result<Transaction<'static, MySql>> {
         self.ready().await?;
+        if self.is_galera().await? {
+            // Row locks are local to a node and not certified: a takeover
+            // through another node would not wait for this transaction.
+            return Err(LeaseError::Config(
+                "begin_fenced needs a single MySQL/MariaDB server: on Galera a row lock does not hold off a takeover through another node; fence the write with the lease's token instead".into(),
+            ));
+        }
         let mut tx = self.bounded("BEGIN", self.pool()?.begin()).await?;
         let held = self
             .bounded(

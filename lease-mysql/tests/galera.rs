@@ -52,3 +52,20 @@ async fn the_advisory_mode_refuses_a_galera_node() {
         .unwrap_err();
     assert!(matches!(err, LeaseError::Config(_)), "{err}");
 }
+
+/// Row locks are local to a node and not certified, so a fenced
+/// transaction could not hold off a takeover through another node: refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn begin_fenced_is_refused_on_galera() {
+    let p = MysqlProvider::new(MysqlConfig::new(cluster().url())).unwrap();
+    let key = LeaseKey::new("galera-fenced").unwrap();
+    let lease = p
+        .try_acquire(&key, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    let err = p.begin_fenced(&lease).await.unwrap_err();
+    assert!(matches!(err, LeaseError::Config(_)), "{err}");
+    p.release(&lease).await.unwrap();
+}

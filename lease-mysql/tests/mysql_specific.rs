@@ -332,3 +332,43 @@ async fn a_frozen_server_times_calls_out_and_the_provider_recovers() {
     let l = until_ok(|| p.extend(&l, TTL)).await;
     p.release(&l).await.unwrap();
 }
+
+/// A server whose default mode has MariaDB's `SIMULTANEOUS_ASSIGNMENT`
+/// (every assignment of an `ON DUPLICATE KEY UPDATE` sees the old row):
+/// the provider's sessions run without it, so a released key is taken
+/// again with a higher token. With it, the acquire would never win a key
+/// that has a row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_with_simultaneous_assignment_still_hands_keys_over() {
+    let server = owned_mysql(&["--sql-mode=SIMULTANEOUS_ASSIGNMENT,STRICT_TRANS_TABLES"]);
+    let p = MysqlProvider::new(MysqlConfig::new(url(&server)).timeouts(TIMEOUT, TIMEOUT)).unwrap();
+    let k = LeaseKey::new("simultaneous").unwrap();
+    let first = p.try_acquire(&k, TTL).await.unwrap().into_lease().unwrap();
+    p.release(&first).await.unwrap();
+    let second = p
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .expect("a released key is free again");
+    assert!(second.token() > first.token());
+    assert!(p.try_acquire(&k, TTL).await.unwrap().into_lease().is_none());
+}
+
+/// Several hosts must be one Galera cluster's nodes: a list of servers that
+/// are not (a primary and its replicas, say) is refused, not used as if
+/// they were interchangeable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_hosts_that_are_not_galera_nodes_are_refused() {
+    let one = store_url("LEASE_TEST_MYSQL_URL");
+    let at = one.find('@').unwrap();
+    let slash = at + one[at..].find('/').unwrap();
+    let host = &one[at + 1..slash];
+    let two = format!("{}{host},{}", &one[..=at], &one[at + 1..]);
+    let p = MysqlProvider::new(MysqlConfig::new(two)).unwrap();
+    let err = p
+        .try_acquire(&LeaseKey::new("not-galera").unwrap(), TTL)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LeaseError::Config(_)), "{err}");
+}

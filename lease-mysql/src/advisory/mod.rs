@@ -105,8 +105,6 @@ struct Inner {
     idle: Mutex<Vec<(Session, Instant)>>,
     /// Acquire attempts in flight, at most `max_connections`.
     attempts: tokio::sync::Semaphore,
-    /// Whether the server runs Galera (named locks are per node), probed once.
-    galera: tokio::sync::OnceCell<bool>,
     table_id: String,
 }
 
@@ -176,7 +174,6 @@ impl AdvisoryProvider {
                 held: Mutex::default(),
                 idle: Mutex::default(),
                 attempts: tokio::sync::Semaphore::new(attempts),
-                galera: tokio::sync::OnceCell::new(),
                 table_id,
             }),
         })
@@ -243,25 +240,8 @@ impl AdvisoryProvider {
     /// seen by the other nodes.
     async fn ready(&self) -> Result<()> {
         self.inner.base.ready().await?;
-        let galera = self
-            .inner
-            .galera
-            .get_or_try_init(|| async {
-                let on: Option<String> = self
-                    .inner
-                    .base
-                    .bounded(
-                        "the Galera probe",
-                        sqlx::query_scalar(
-                            "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_VARIABLES WHERE VARIABLE_NAME = 'WSREP_ON'",
-                        )
-                        .fetch_optional(self.inner.base.pool()?),
-                    )
-                    .await?;
-                Ok::<_, LeaseError>(on.is_some_and(|v| v.eq_ignore_ascii_case("ON")))
-            })
-            .await?;
-        if *galera {
+        let galera = self.inner.base.is_galera().await?;
+        if galera {
             return Err(LeaseError::Config(
                 "the advisory mode needs a single MySQL/MariaDB server: GET_LOCK locks are local to one Galera node; use the table mode".into(),
             ));

@@ -272,7 +272,12 @@ impl AdvisoryProvider {
             .inner
             .base
             .bounded("release", async {
+                // One transaction holding the token row: a newer acquire
+                // (whose session may be the one the stale lease's lock was
+                // on, reused) cannot commit its token between the check and
+                // the KILL; it waits, and fails with the killed session.
                 let mut session = self.session().await?;
+                sqlx::query("BEGIN").execute(&mut session.conn).await?;
                 let id: Option<Option<u64>> = sqlx::query_scalar(&sql.holder_of)
                     .bind(self.lock_name(lease.key()))
                     .bind(ns)
@@ -282,6 +287,7 @@ impl AdvisoryProvider {
                     .fetch_optional(&mut session.conn)
                     .await?;
                 let Some(Some(id)) = id else {
+                    sqlx::query("ROLLBACK").execute(&mut session.conn).await?;
                     self.park(session);
                     return Ok(false);
                 };
@@ -295,6 +301,7 @@ impl AdvisoryProvider {
                     .bind(lease.token().get())
                     .execute(&mut session.conn)
                     .await?;
+                sqlx::query("COMMIT").execute(&mut session.conn).await?;
                 self.park(session);
                 Ok(true)
             })

@@ -51,7 +51,9 @@ impl AdvisorySql {
                   WHERE {mine} AND IS_USED_LOCK(?) = CONNECTION_ID()"
             ),
             // A lease held elsewhere: the session that holds its lock.
-            holder_of: format!("SELECT CAST(IS_USED_LOCK(?) AS UNSIGNED) FROM {t} WHERE {mine}"),
+            holder_of: format!(
+                "SELECT CAST(IS_USED_LOCK(?) AS UNSIGNED) FROM {t} WHERE {mine} FOR UPDATE"
+            ),
             clear: format!(
                 "UPDATE {t} SET owner = NULL, expires_at = NULL, holder = NULL WHERE {mine}"
             ),

@@ -44,7 +44,13 @@ impl KeyWatch for LockWatch {
     async fn changed(&mut self, max: Duration) {
         let max = max.min(LOCK_WAIT_MAX);
         let started = Instant::now();
-        let limit = max.saturating_add(self.provider.inner.base.response_timeout() * 2);
+        let limit = max.saturating_add(
+            self.provider
+                .inner
+                .base
+                .response_timeout()
+                .saturating_mul(2),
+        );
         match tokio::time::timeout(limit, self.wait_free(max)).await {
             Ok(Ok(())) => {}
             // The database is unreachable: wait out the allowance (at most
