@@ -30,6 +30,10 @@ const IDLE_SESSIONS: usize = 8;
 /// An idle session unused this long is checked before it takes a lock.
 const CHECK_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 
+/// The shortest `wait_timeout` (seconds) a session may have to be kept idle
+/// for the next acquire: well above [`CHECK_IF_IDLE_FOR`].
+const PARK_MIN_WAIT_SECS: u64 = 5;
+
 /// The UUID namespace lock names are derived in (SHA-1, RFC 9562 version 5).
 const LOCK_NAME_NAMESPACE: uuid::Uuid =
     uuid::Uuid::from_u128(0x6c65_6173_652d_6d79_7371_6c2d_6c6f_636b);
@@ -266,6 +270,12 @@ impl AdvisoryProvider {
     }
 
     fn park(&self, session: Session) {
+        // A session given a short wait_timeout (a short TTL) may be closed
+        // by the server between the idle check and its next statement:
+        // only sessions that outlast the check by far are kept.
+        if session.wait_timeout != 0 && session.wait_timeout < PARK_MIN_WAIT_SECS {
+            return;
+        }
         let mut idle = lock(&self.inner.idle);
         if idle.len() < IDLE_SESSIONS {
             idle.push((session, Instant::now()));
