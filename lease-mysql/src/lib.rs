@@ -50,9 +50,11 @@
 //!   row only when it is released or expired. The row is locked by the
 //!   statement, so at most one of any number of concurrent callers wins. The
 //!   winner learns its token from the same answer: the statement sets
-//!   `LAST_INSERT_ID()` to the new token, or to 0 when the key was held, and
-//!   the server sends it back with the row count. A caller that lost asks
-//!   once more, for the holder's remaining time.
+//!   `LAST_INSERT_ID()` to the new token, or to the holder's remaining time
+//!   when the key was held, and
+//!   the server sends it back with the row count. A caller that lost gets
+//!   the holder's remaining time in the same place (see the source's
+//!   `sql::WON`): one round trip either way.
 //! - extend / release: an `UPDATE` guarded by namespace, key, owner, token
 //!   and `expires_at > UTC_TIMESTAMP(6)`. Released rows keep their token, so
 //!   tokens keep growing.

@@ -69,30 +69,16 @@ impl LeaseProvider for MysqlProvider {
                     .execute(c))
             })
             .await?;
-        // The statement leaves the new token in LAST_INSERT_ID, or 0 when
-        // the key was held (see `sql::WON`).
-        let won = done.last_insert_id();
-        if won > 0 {
+        // One answer says who won and, for a loser, the holder's time
+        // left (see `sql::WON`).
+        let id = done.last_insert_id();
+        if done.rows_affected() == 2 || (done.rows_affected() == 1 && id == 1) {
             return Ok(TryAcquire::Acquired(
-                Lease::new(key.clone(), token(won), owner, ttl, sent_at).with_holder(holder),
+                Lease::new(key.clone(), token(id), owner, ttl, sent_at).with_holder(holder),
             ));
         }
-        // Held: how long for, as a hint for the waiter (it may have ended
-        // meanwhile; the waiter's watch reads the row anyway).
-        let remaining: Option<i64> = self
-            .bounded("acquire", async {
-                let mut c = self.inner.conns.checkout().await?;
-                let r = sqlx::query_scalar(&self.inner.sql.held)
-                    .bind(self.inner.namespace.as_bytes())
-                    .bind(key.as_str().as_bytes())
-                    .fetch_optional(c.conn())
-                    .await;
-                c.done(&r);
-                r
-            })
-            .await?;
         Ok(TryAcquire::Held {
-            remaining: remaining.map(from_micros),
+            remaining: id.checked_sub(2).map(Duration::from_micros),
         })
     }
 

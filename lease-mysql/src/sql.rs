@@ -30,7 +30,6 @@ pub(crate) struct Statements {
     pub table: String,
     pub create_table: String,
     pub acquire: String,
-    pub held: String,
     pub extend: String,
     pub release: String,
     pub inspect: String,
@@ -39,8 +38,15 @@ pub(crate) struct Statements {
     pub purge: String,
 }
 
-/// Who won an acquire: the statement leaves `LAST_INSERT_ID()` (sent back
-/// in the answer) at the new token when it took the key, at 0 when not.
+/// Who won an acquire, from the one answer (the server sends the row count
+/// and `LAST_INSERT_ID()` back with it; sqlx asks for found rows):
+/// - a new row: count 1, `LAST_INSERT_ID()` 1, the token;
+/// - a released or expired row taken: count 2 (changed), `LAST_INSERT_ID()`
+///   the new token;
+/// - a held row: count 1 (found, unchanged: `token + 0 * ..` keeps it),
+///   `LAST_INSERT_ID()` the holder's remaining µs plus 2, so never 1.
+///
+/// So a loser learns the holder's time left without a second statement.
 ///
 /// `ON DUPLICATE KEY UPDATE` assigns columns left to right, each later one
 /// seeing the earlier ones' new values. So `owner` is decided first, from
@@ -73,13 +79,10 @@ impl Statements {
                  VALUES (?, ?, ?, LAST_INSERT_ID(1), {now} + INTERVAL ? MICROSECOND, ?)
                  ON DUPLICATE KEY UPDATE
                     owner = IF(owner IS NULL OR expires_at <= {now}, VALUES(owner), owner),
-                    token = IF({WON}, LAST_INSERT_ID(token + 1), token + LAST_INSERT_ID(0)),
+                    token = IF({WON}, LAST_INSERT_ID(token + 1),
+                               token + 0 * LAST_INSERT_ID(2 + GREATEST({remaining}, 0))),
                     expires_at = IF({WON}, VALUES(expires_at), expires_at),
                     holder = IF({WON}, VALUES(holder), holder)"
-            ),
-            held: format!(
-                "SELECT {remaining} FROM {t}
-                  WHERE namespace = ? AND k = ? AND owner IS NOT NULL AND expires_at > {now}"
             ),
             extend: format!(
                 "UPDATE {t} SET expires_at = {now} + INTERVAL ? MICROSECOND

@@ -372,3 +372,30 @@ async fn several_hosts_that_are_not_galera_nodes_are_refused() {
         .unwrap_err();
     assert!(matches!(err, LeaseError::Config(_)), "{err}");
 }
+
+/// A loser learns the holder's time left from the acquire's own answer (no
+/// second statement), and a winner's token comes from the same answer,
+/// whether the row was new or released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_answer_says_who_won_and_how_long_the_holder_has() {
+    let p = shared(&unique("one_answer"));
+    let k = LeaseKey::new("k").unwrap();
+    let first = p.try_acquire(&k, TTL).await.unwrap().into_lease().unwrap();
+    assert_eq!(first.token().get(), 1, "a new row starts at token 1");
+    match p.try_acquire(&k, TTL).await.unwrap() {
+        lease_api::TryAcquire::Held {
+            remaining: Some(left),
+        } => assert!(
+            left <= TTL && left > TTL - Duration::from_secs(5),
+            "{left:?}"
+        ),
+        other => panic!("held key answered {other:?}"),
+    }
+    p.release(&first).await.unwrap();
+    let second = p.try_acquire(&k, TTL).await.unwrap().into_lease().unwrap();
+    assert_eq!(
+        second.token().get(),
+        2,
+        "a released row's token grows by one"
+    );
+}
