@@ -133,6 +133,7 @@ mod acquire;
 mod attempt;
 pub mod backend;
 mod caps;
+pub mod claims;
 mod election;
 mod error;
 mod fair;

@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use lease_api::{FencingToken, LeaseError, Result};
+use lease_api::claims::{CLAIM_ATTEMPTS, validate_claim_name as check_name};
+pub use lease_api::claims::{OnceClaim, SlotHolder};
+use lease_api::{FencingToken, Result};
 use sqlx::Row;
 use tokio::sync::OnceCell;
 
@@ -12,32 +14,6 @@ use crate::sql::validate_identifier;
 
 /// The table once-claims live in unless told otherwise.
 pub const CLAIMS_TABLE: &str = "lease_claims";
-
-/// How many times `claim_once` sends its claim when answers are lost.
-const CLAIM_ATTEMPTS: u32 = 3;
-
-/// A won claim: the caller that got it is the only one for its slot.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct OnceClaim {
-    /// Greater than the token of every claim of this table before it.
-    pub token: FencingToken,
-}
-
-/// Who holds a slot's claim, for [`OnceClaims::holder`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct SlotHolder {
-    /// The winner's token.
-    pub token: FencingToken,
-    /// The winner's label (`user@host:pid`).
-    pub holder: Option<String>,
-    /// How long ago it was claimed, on the database clock.
-    pub age: Duration,
-    /// How long until the claim's retention ends and the slot can be
-    /// claimed again; `None` when it is kept forever.
-    pub retained_for: Option<Duration>,
-}
 
 /// Unique claims: `claim_once(resource, slot)` returns a token to exactly
 /// one caller per (resource, slot), ever, or until a retention the caller
@@ -277,11 +253,7 @@ impl OnceClaims {
     ) -> Result<Option<OnceClaim>> {
         check_name("resource", resource)?;
         check_name("slot", slot)?;
-        if retention.is_some_and(|r| r.is_zero()) {
-            return Err(LeaseError::Config(
-                "a claim's retention must be greater than zero (None keeps it forever)".into(),
-            ));
-        }
+        lease_api::claims::validate_retention(retention)?;
         let with_ids = self.ready().await?;
         let claim_id = lease_api::backend::OwnerId::random().to_hex();
         let (statement, attempts_allowed) = if with_ids {
@@ -325,9 +297,7 @@ impl OnceClaims {
                 Err(e) => return Err(e),
             }
         };
-        Ok(token.map(|t| OnceClaim {
-            token: FencingToken(u64::try_from(t).unwrap_or(0)),
-        }))
+        Ok(token.map(|t| OnceClaim::new(FencingToken(u64::try_from(t).unwrap_or(0)))))
     }
 
     /// Who holds `slot` of `resource`, if it is claimed and retained.
@@ -354,12 +324,12 @@ impl OnceClaims {
         let token: i64 = row.try_get(0).map_err(decode)?;
         let age: i64 = row.try_get(2).map_err(decode)?;
         let left: Option<i64> = row.try_get(3).map_err(decode)?;
-        Ok(Some(SlotHolder {
-            token: FencingToken(u64::try_from(token).unwrap_or(0)),
-            holder: row.try_get(1).map_err(decode)?,
-            age: crate::provider::from_micros(age),
-            retained_for: left.map(crate::provider::from_micros),
-        }))
+        Ok(Some(SlotHolder::new(
+            FencingToken(u64::try_from(token).unwrap_or(0)),
+            row.try_get(1).map_err(decode)?,
+            crate::provider::from_micros(age),
+            left.map(crate::provider::from_micros),
+        )))
     }
 
     /// Takes back the claim `claim` of `slot`, when the work it was for
@@ -409,13 +379,4 @@ impl OnceClaims {
             .await?;
         Ok(done.rows_affected())
     }
-}
-
-fn check_name(what: &str, name: &str) -> Result<()> {
-    if name.is_empty() || name.contains('\0') || name.len() > 1024 {
-        return Err(LeaseError::Config(format!(
-            "a claim's {what} must be 1 to 1024 bytes without NUL, got {name:?}"
-        )));
-    }
-    Ok(())
 }

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use lease_api::backend::OwnerId;
-use lease_api::{FencingToken, LeaseError, Result};
+use lease_api::{FencingToken, Result};
 use sqlx::Row;
 use sqlx::postgres::{PgConnection, PgRow};
 use tokio::sync::OnceCell;
@@ -13,16 +13,7 @@ use crate::PostgresProvider;
 use crate::provider::micros;
 use crate::sql::validate_identifier;
 
-/// What [`JobQueue::complete`] does with a finished row.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Completion {
-    /// Delete the row (the queue holds only work still to do).
-    Delete,
-    /// Keep the row and set `lease_done_at` to the database clock's now; a
-    /// done row is never claimed again.
-    Mark,
-}
+pub use lease_api::claims::{Completion, Outcome};
 
 /// Which table holds the jobs, which rows are eligible, and in which order
 /// they are claimed.
@@ -162,26 +153,6 @@ impl Claim {
     }
 }
 
-/// What [`JobQueue::complete`], [`extend`](JobQueue::extend) and
-/// [`release`](JobQueue::release) did, row by row.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Outcome {
-    /// Rows that were still this claim's, and are now completed, extended
-    /// or released.
-    pub done: Vec<i64>,
-    /// Rows that are not this claim's any more (claimed again after the
-    /// visibility ran out, completed, or never in the claim): untouched.
-    pub stale: Vec<i64>,
-}
-
-impl Outcome {
-    /// True when no row was stale.
-    pub fn all_done(&self) -> bool {
-        self.stale.is_empty()
-    }
-}
-
 struct QueueSql {
     claim: String,
     complete: String,
@@ -258,16 +229,8 @@ impl JobQueue {
         validate_identifier("schema", &config.schema)?;
         validate_identifier("table", &config.table)?;
         validate_identifier("column", &config.id_column)?;
-        if config.visibility.is_zero() {
-            return Err(LeaseError::Config(
-                "a job queue's visibility timeout must be greater than zero".into(),
-            ));
-        }
-        for (what, sql) in [("filter", &config.filter), ("order", &config.order)] {
-            if sql.as_ref().is_some_and(|s| s.trim().is_empty()) {
-                return Err(LeaseError::Config(format!("a job queue's {what} is empty")));
-            }
-        }
+        lease_api::claims::validate_visibility(config.visibility)?;
+        lease_api::claims::validate_queue_sql(config.filter.as_deref(), config.order.as_deref())?;
         let t = format!("\"{}\".\"{}\"", config.schema, config.table);
         let id = format!("\"{}\"", config.id_column);
         let seq_name = format!("{}_lease_token", config.table);
@@ -414,11 +377,7 @@ impl JobQueue {
     /// # Errors
     /// As [`claim_next`](Self::claim_next); `Config` for a zero visibility.
     pub async fn claim_for(&self, limit: usize, visibility: Duration) -> Result<Claim> {
-        if visibility.is_zero() {
-            return Err(LeaseError::Config(
-                "a claim's visibility timeout must be greater than zero".into(),
-            ));
-        }
+        lease_api::claims::validate_visibility(visibility)?;
         self.ready().await?;
         let owner = OwnerId::random();
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
@@ -493,12 +452,7 @@ impl JobQueue {
                     .await?
             }
         };
-        let stale = ids
-            .iter()
-            .filter(|id| !done.contains(id))
-            .copied()
-            .collect();
-        Ok(Outcome { done, stale })
+        Ok(Outcome::from_done(ids, done))
     }
 
     /// Completes the rows `ids` of `claim` (deletes or marks them, as the
@@ -549,11 +503,7 @@ impl JobQueue {
     /// `Unavailable` when the database is down; `Config` for a zero
     /// visibility.
     pub async fn extend(&self, claim: &mut Claim, visibility: Duration) -> Result<Outcome> {
-        if visibility.is_zero() {
-            return Err(LeaseError::Config(
-                "a claim's visibility timeout must be greater than zero".into(),
-            ));
-        }
+        lease_api::claims::validate_visibility(visibility)?;
         let sent_at = Instant::now();
         let ids = claim.ids.clone();
         let outcome = self
