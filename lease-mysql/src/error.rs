@@ -45,3 +45,14 @@ pub(crate) fn is_unavailable(e: &sqlx::Error) -> bool {
         Some(1040 | 1047 | 1053 | 1205 | 1213 | 1290 | 1836 | 1927 | 1969 | 2006 | 2013 | 4031)
     )
 }
+
+/// A DDL statement's answer, with "it is there already" (a duplicate column
+/// 1060, key 1061 or table 1050, from another process migrating at the
+/// same moment) counted as done.
+pub(crate) fn tolerate_existing<T>(r: Result<T, sqlx::Error>) -> Result<(), sqlx::Error> {
+    match r {
+        Ok(_) => Ok(()),
+        Err(e) if matches!(error_number(&e), Some(1050 | 1060 | 1061)) => Ok(()),
+        Err(e) => Err(e),
+    }
+}

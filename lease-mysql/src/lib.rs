@@ -124,6 +124,29 @@
 //!   and two clients may be on two nodes (after a failover): the nodes'
 //!   clock skew adds to the expiry slack. Keep the nodes under NTP.
 //!
+//! ## Job queues and once-per-slot claims
+//!
+//! Where the work is rows in the same database, a lock service is not the
+//! best tool. [`JobQueue`] claims the next rows of your own table with
+//! `FOR UPDATE SKIP LOCKED` (MariaDB 10.6+, MySQL 8), with an owner, a
+//! fencing token and a visibility timeout on the database clock, and
+//! completes them inside your transaction if you like
+//! ([`JobQueue::complete_in`]), so a job's effect commits once.
+//! [`OnceClaims`] gives each (resource, slot) to exactly one caller, forever
+//! or for a retention: distributed cron. Both are the same API as
+//! `lease-postgres`'s, with these differences:
+//!
+//! - MySQL has no sequences: tokens come from a one-row counter table
+//!   (`<table>_lease_token`), bumped inside the claim's transaction after
+//!   the rows are locked and held until it commits, so a later claim always
+//!   has a greater token. The table name may be at most 52 bytes.
+//! - MySQL has no `UPDATE .. RETURNING`: a claim is two round trips (lock
+//!   the rows; draw, mark, read back and commit in one batch), and
+//!   complete, extend and release lock the rows still the claim's, list
+//!   them and change exactly those, in one batch.
+//! - [`JobQueue::complete_in`] takes your [`sqlx::Transaction`], so it
+//!   always runs inside one.
+//!
 //! ## Servers
 //!
 //! The tests run MariaDB 10.11 and Galera 4 (Debian's packages). MySQL 8
@@ -137,23 +160,28 @@
 //! Read/write leases, fair waiting and atomic multi-key sets are declared
 //! absent (`Config` errors; sets are taken key by key, in key order), and
 //! so is a store session (`session_store`): a `LeaseSession` renews with
-//! `extend_many`, two statements per batch of up to 1,000 leases. The job
-//! queue and once-per-slot claims of `lease-postgres` have no MySQL
-//! counterpart yet.
+//! `extend_many`, two statements per batch of up to 1,000 leases.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod advisory;
+#[macro_use]
+mod batch;
 mod config;
 mod conns;
+mod counter;
 mod error;
 mod hosts;
 mod multi;
+mod once;
 mod ops;
 mod provider;
+mod queue;
 mod sql;
 mod watch;
 
 pub use advisory::{ADVISORY_TABLE, AdvisoryProvider};
 pub use config::MysqlConfig;
+pub use once::{CLAIMS_TABLE, OnceClaim, OnceClaims, SlotHolder};
 pub use provider::MysqlProvider;
+pub use queue::{Claim, Completion, JobQueue, Outcome, QueueConfig};

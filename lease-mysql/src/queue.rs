@@ -1,0 +1,591 @@
+//! Job-queue claims on the user's own table: `FOR UPDATE SKIP LOCKED`.
+
+use std::time::Duration;
+
+use lease_api::backend::OwnerId;
+pub use lease_api::claims::{Completion, Outcome};
+use lease_api::claims::{validate_queue_sql, validate_visibility};
+use lease_api::{FencingToken, LeaseError, Result};
+use sqlx::mysql::{MySql, MySqlRow};
+use sqlx::{Row, Transaction};
+use tokio::sync::OnceCell;
+use tokio::time::Instant;
+
+use crate::MysqlProvider;
+use crate::batch;
+use crate::counter::{Counter, counter_table};
+use crate::error::tolerate_existing;
+use crate::provider::micros;
+use crate::sql::validate_identifier;
+
+/// Which table holds the jobs, which rows are eligible, and in which order
+/// they are claimed.
+///
+/// `filter` and `order` are SQL written by you, pasted into the statement:
+/// never build them from your users' input. Compare times with
+/// `UTC_TIMESTAMP(6)`, the clock the claims use.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct QueueConfig {
+    /// The database of the job table. Default: the URL's.
+    pub database: Option<String>,
+    /// The job table (at most 52 bytes: the token counter's table is named
+    /// after it).
+    pub table: String,
+    /// The table's integer key column. Default `id`.
+    pub id_column: String,
+    /// A boolean SQL expression over the row's columns that a row must meet
+    /// to be claimed, such as `queue = 'emails' AND run_at <= UTC_TIMESTAMP(6)`.
+    pub filter: Option<String>,
+    /// The `ORDER BY` list the next rows are chosen by, over unqualified
+    /// column names. Default: the key column.
+    pub order: Option<String>,
+    /// How long a claim keeps its rows from other workers unless extended:
+    /// after it, on the database clock, they can be claimed again.
+    /// Default 30 s.
+    pub visibility: Duration,
+    /// What completing a row does. Default [`Completion::Delete`].
+    pub completion: Completion,
+    /// Add the claim columns, the index and the token counter on first
+    /// use. Default true; else run [`JobQueue::migrate`] yourself.
+    pub migrate: bool,
+}
+
+impl QueueConfig {
+    /// Jobs in `<table>` of the URL's database, keyed by `id`, claimed in
+    /// key order.
+    pub fn new(table: impl Into<String>) -> Self {
+        QueueConfig {
+            database: None,
+            table: table.into(),
+            id_column: "id".into(),
+            filter: None,
+            order: None,
+            visibility: Duration::from_secs(30),
+            completion: Completion::Delete,
+            migrate: true,
+        }
+    }
+
+    /// Sets the database.
+    pub fn database(mut self, database: impl Into<String>) -> Self {
+        self.database = Some(database.into());
+        self
+    }
+
+    /// Sets the key column (an integer type).
+    pub fn id_column(mut self, column: impl Into<String>) -> Self {
+        self.id_column = column.into();
+        self
+    }
+
+    /// Claims only rows meeting `filter` (SQL).
+    pub fn filter(mut self, filter: impl Into<String>) -> Self {
+        self.filter = Some(filter.into());
+        self
+    }
+
+    /// Claims rows in this order (an SQL `ORDER BY` list).
+    pub fn order(mut self, order: impl Into<String>) -> Self {
+        self.order = Some(order.into());
+        self
+    }
+
+    /// Sets the visibility timeout.
+    pub fn visibility(mut self, visibility: Duration) -> Self {
+        self.visibility = visibility;
+        self
+    }
+
+    /// Sets what completing a row does.
+    pub fn completion(mut self, completion: Completion) -> Self {
+        self.completion = completion;
+        self
+    }
+
+    /// Adds the claim columns on first use (the default), or leaves it to
+    /// [`JobQueue::migrate`].
+    pub fn migrate(mut self, migrate: bool) -> Self {
+        self.migrate = migrate;
+        self
+    }
+}
+
+/// Rows claimed together by one [`JobQueue::claim_next`]: one owner, one
+/// fencing token, one visibility deadline.
+#[derive(Debug)]
+pub struct Claim {
+    owner: OwnerId,
+    token: FencingToken,
+    ids: Vec<i64>,
+    rows: Vec<MySqlRow>,
+    valid_until: Instant,
+}
+
+impl Claim {
+    /// The claimed rows' keys.
+    pub fn ids(&self) -> &[i64] {
+        &self.ids
+    }
+
+    /// The claimed rows, every column (the claim columns included), in the
+    /// queue's order.
+    pub fn rows(&self) -> &[MySqlRow] {
+        &self.rows
+    }
+
+    /// True when nothing was claimed: no eligible row was free.
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// The claim's fencing token: greater than the token of every claim of
+    /// this queue committed before it (it is drawn from the queue's counter
+    /// row after the rows are locked, and the counter row stays locked until
+    /// the claim commits), so a resource outside the database can refuse a
+    /// worker whose rows were claimed again since.
+    pub fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// The claim's owner id.
+    pub fn owner(&self) -> OwnerId {
+        self.owner
+    }
+
+    /// Until when, on this process's monotonic clock, no other worker can
+    /// claim these rows: the claim's send time plus the visibility.
+    pub fn valid_until(&self) -> Instant {
+        self.valid_until
+    }
+}
+
+/// What `by_claim` runs: the condition a row of the claim must still meet,
+/// and what to do to the rows that do.
+#[derive(Clone, Copy)]
+enum Change {
+    Complete,
+    Extend(Duration),
+    Release,
+}
+
+/// A job queue on a table of yours: workers claim the next rows with
+/// `SELECT .. FOR UPDATE SKIP LOCKED`, so concurrent workers never wait for
+/// each other and never get the same row, and mark them claimed with an
+/// owner, a fencing token and a visibility deadline on the database clock.
+///
+/// A claim is two round trips: one locks the next free rows (skipping
+/// rows other workers are claiming), one draws the token, marks the rows
+/// and commits, in one batch. A row whose claim ran out (its worker crashed
+/// or stalled) can be claimed again; completing, extending or releasing is
+/// compared by owner and token in the database, so a stale worker changes
+/// nothing. [`complete_in`](Self::complete_in) completes inside your own
+/// transaction, so the work's writes and the completion commit together or
+/// not at all: each job's effect happens exactly once.
+///
+/// Four columns are added to your table (`lease_owner`, `lease_token`,
+/// `lease_until`, `lease_done_at`), with an index `lease_pending` on
+/// (`lease_done_at`, key) and a one-row table `<table>_lease_token` holding
+/// the token counter.
+///
+/// On Galera, keep every worker on one node (the provider's host list does
+/// this): `SKIP LOCKED` sees only its own node's locks. Two workers on two
+/// nodes that claim one row both commit locally, and certification aborts
+/// one of them as a deadlock, which the claim retries.
+///
+/// ```no_run
+/// # async fn demo() -> lease_api::Result<()> {
+/// use std::time::Duration;
+/// use lease_mysql::{JobQueue, MysqlProvider, QueueConfig};
+///
+/// let provider = MysqlProvider::from_url("mysql://app@127.0.0.1/app")?;
+/// let queue = JobQueue::new(
+///     &provider,
+///     QueueConfig::new("payouts")
+///         .filter("status = 'ready'")
+///         .visibility(Duration::from_secs(60)),
+/// )?;
+/// loop {
+///     let claim = queue.claim_next(100).await?;
+///     if claim.is_empty() {
+///         break;
+///     }
+///     // ... pay out claim.ids() ...
+///     let outcome = queue.complete(&claim, claim.ids()).await?;
+///     assert!(outcome.all_done(), "rows claimed again meanwhile: {:?}", outcome.stale);
+/// }
+/// # Ok(()) }
+/// ```
+pub struct JobQueue {
+    provider: MysqlProvider,
+    /// The table, quoted (and qualified when the config names a database).
+    table: String,
+    /// The key column, quoted.
+    id: String,
+    config: QueueConfig,
+    order: String,
+    counter: Counter,
+    migrated: OnceCell<()>,
+}
+
+impl std::fmt::Debug for JobQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JobQueue")
+            .field("provider", &self.provider)
+            .field("table", &self.config.table)
+            .field("visibility", &self.config.visibility)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `ids` as an SQL list (integers: nothing to escape).
+fn id_list(ids: &[i64]) -> String {
+    let mut out = String::with_capacity(ids.len() * 8);
+    for (i, id) in ids.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&id.to_string());
+    }
+    out
+}
+
+impl JobQueue {
+    /// A queue on `config`'s table, using `provider`'s connections.
+    ///
+    /// # Errors
+    /// [`LeaseError::Config`] for a malformed database, table or column
+    /// name, a table name over 52 bytes, a zero visibility or an empty
+    /// filter or order.
+    pub fn new(provider: &MysqlProvider, config: QueueConfig) -> Result<Self> {
+        if let Some(db) = &config.database {
+            validate_identifier("database", db)?;
+        }
+        validate_identifier("table", &config.table)?;
+        validate_identifier("column", &config.id_column)?;
+        validate_visibility(config.visibility)?;
+        validate_queue_sql(config.filter.as_deref(), config.order.as_deref())?;
+        let counter = counter_table(config.database.as_deref(), &config.table)?;
+        let table = match &config.database {
+            Some(db) => format!("`{db}`.`{}`", config.table),
+            None => format!("`{}`", config.table),
+        };
+        let id = format!("`{}`", config.id_column);
+        let order = config.order.clone().unwrap_or_else(|| id.clone());
+        Ok(JobQueue {
+            provider: provider.clone(),
+            table,
+            id,
+            order,
+            counter,
+            config,
+            migrated: OnceCell::new(),
+        })
+    }
+
+    /// Adds the claim columns, the index of pending rows and the token
+    /// counter if they are missing (each piece only when missing: on Galera
+    /// every DDL statement runs on all nodes in total order). Safe from many
+    /// processes at once; waits at most 2 s for the table's metadata lock
+    /// behind open transactions, and fails rather than stall the claims.
+    ///
+    /// # Errors
+    /// `Unavailable` when the database is down; `Backend` for a missing
+    /// table; `Denied` without the privilege.
+    pub async fn migrate(&self) -> Result<()> {
+        let database = self.config.database.clone();
+        let table = self.config.table.clone();
+        let (t, id) = (&self.table, &self.id);
+        let columns = [
+            ("lease_owner", "VARBINARY(32) NULL"),
+            ("lease_token", "BIGINT UNSIGNED NULL"),
+            ("lease_until", "DATETIME(6) NULL"),
+            ("lease_done_at", "DATETIME(6) NULL"),
+        ];
+        self.provider
+            .bounded("the queue migration", async {
+                let mut conn = self.provider.connect_session().await?;
+                let present: Vec<String> = sqlx::query_scalar(
+                    "SELECT CAST(COLUMN_NAME AS CHAR) FROM information_schema.COLUMNS
+                      WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?",
+                )
+                .bind(&database)
+                .bind(&table)
+                .fetch_all(&mut conn)
+                .await?;
+                if present.is_empty() {
+                    // No table: the claim's own statement says so (1146).
+                    return Ok(());
+                }
+                let indexed: Option<i64> = sqlx::query_scalar(
+                    "SELECT 1 FROM information_schema.STATISTICS
+                      WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?
+                        AND INDEX_NAME = 'lease_pending' LIMIT 1",
+                )
+                .bind(&database)
+                .bind(&table)
+                .fetch_optional(&mut conn)
+                .await?;
+                // ALTER TABLE waits for every open transaction on the table,
+                // and every claim would queue behind it: give up instead.
+                sqlx::query("SET SESSION lock_wait_timeout = 2")
+                    .execute(&mut conn)
+                    .await?;
+                for (name, ty) in columns {
+                    if !present.iter().any(|p| p.eq_ignore_ascii_case(name)) {
+                        let add = format!("ALTER TABLE {t} ADD COLUMN `{name}` {ty}");
+                        tolerate_existing(sqlx::query(&add).execute(&mut conn).await)?;
+                    }
+                }
+                if indexed.is_none() {
+                    let add = format!(
+                        "ALTER TABLE {t} ADD INDEX `lease_pending` (`lease_done_at`, {id})"
+                    );
+                    tolerate_existing(sqlx::query(&add).execute(&mut conn).await)?;
+                }
+                self.counter.ensure(&mut conn, t, "lease_token").await
+            })
+            .await
+    }
+
+    async fn ready(&self) -> Result<()> {
+        crate::provider::in_runtime()?;
+        if self.config.migrate {
+            self.migrated.get_or_try_init(|| self.migrate()).await?;
+        }
+        Ok(())
+    }
+
+    /// Claims up to `limit` eligible rows nobody holds, in the queue's
+    /// order, skipping rows other workers are claiming right now, for the
+    /// queue's visibility timeout. An empty claim means no eligible row was
+    /// free.
+    ///
+    /// # Errors
+    /// `Unavailable` when the database is down; `Backend` for an error in
+    /// the filter or order, or a missing table.
+    pub async fn claim_next(&self, limit: usize) -> Result<Claim> {
+        self.claim_for(limit, self.config.visibility).await
+    }
+
+    /// [`claim_next`](Self::claim_next) with another visibility timeout.
+    ///
+    /// # Errors
+    /// As [`claim_next`](Self::claim_next); `Config` for a zero visibility.
+    pub async fn claim_for(&self, limit: usize, visibility: Duration) -> Result<Claim> {
+        validate_visibility(visibility)?;
+        self.ready().await?;
+        let owner = OwnerId::random();
+        let (t, id, order) = (&self.table, &self.id, &self.order);
+        let filter = self.config.filter.as_deref().unwrap_or("TRUE");
+        // READ COMMITTED: rows the scan passes over but does not take are
+        // not left locked, and no gap is locked against new jobs.
+        let pick = format!(
+            "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION;
+             SELECT CAST({id} AS SIGNED) FROM {t}
+              WHERE lease_done_at IS NULL
+                AND (lease_until IS NULL OR lease_until <= UTC_TIMESTAMP(6))
+                AND ({filter})
+              ORDER BY {order} LIMIT {limit}
+              FOR UPDATE SKIP LOCKED"
+        );
+        let owner_hex = owner.to_hex();
+        let visibility_us = micros(visibility);
+        let sent_at = Instant::now();
+        let (ids, rows) = transaction!(self.provider, "claim", |conn| async {
+            let picked = batch::rows(conn, &pick).await?;
+            let ids = picked
+                .iter()
+                .map(|r| r.try_get::<i64, _>(0))
+                .collect::<Result<Vec<i64>, _>>()?;
+            if ids.is_empty() {
+                batch::rows(conn, "ROLLBACK").await?;
+                return Ok((ids, Vec::new()));
+            }
+            let list = id_list(&ids);
+            // The token is drawn after the rows are locked, and the
+            // counter row stays locked until the commit that ends the
+            // batch: a later claim of a row draws a greater token.
+            let take = format!(
+                "{draw};
+                     UPDATE {t} SET lease_owner = '{owner_hex}', lease_token = LAST_INSERT_ID(),
+                            lease_until = UTC_TIMESTAMP(6) + INTERVAL {visibility_us} MICROSECOND
+                      WHERE {id} IN ({list}) AND LAST_INSERT_ID() > 0;
+                     SELECT CAST({id} AS SIGNED) AS lease_claim_id, {t}.* FROM {t}
+                      WHERE {id} IN ({list}) AND lease_owner = '{owner_hex}'
+                      ORDER BY {order};
+                     COMMIT",
+                draw = self.counter.draw()
+            );
+            let rows = batch::rows(conn, &take).await?;
+            Ok((ids, rows))
+        })?;
+        if ids.len() != rows.len() {
+            return Err(LeaseError::Config(format!(
+                "the token counter of {} has no row: run JobQueue::migrate (claimed nothing)",
+                self.table
+            )));
+        }
+        let decode = |e: sqlx::Error| self.provider.map_err(e);
+        let mut claimed = Vec::with_capacity(rows.len());
+        let mut token = 0;
+        for row in &rows {
+            claimed.push(row.try_get::<i64, _>("lease_claim_id").map_err(decode)?);
+            token = row.try_get::<u64, _>("lease_token").map_err(decode)?;
+        }
+        Ok(Claim {
+            owner,
+            token: FencingToken(token),
+            ids: claimed,
+            rows,
+            valid_until: lease_api::backend::deadline_after(sent_at, visibility),
+        })
+    }
+
+    /// The statements for `change` on the rows `ids` of `claim`: lock the
+    /// rows still the claim's and list them, then change exactly those.
+    fn by_claim_sql(&self, change: Change, claim: &Claim, ids: &[i64]) -> String {
+        let (t, id) = (&self.table, &self.id);
+        let list = id_list(ids);
+        let owner = claim.owner.to_hex();
+        let token = claim.token.get();
+        let mut ours =
+            format!("{id} IN ({list}) AND lease_owner = '{owner}' AND lease_token = {token}");
+        // A claim that ran out but was not claimed again may still
+        // complete; a completed row is not extended or released.
+        if !matches!(
+            (change, self.config.completion),
+            (Change::Complete, Completion::Delete)
+        ) {
+            ours.push_str(" AND lease_done_at IS NULL");
+        }
+        let write = match (change, self.config.completion) {
+            (Change::Complete, Completion::Delete) => format!("DELETE FROM {t} WHERE {ours}"),
+            (Change::Complete, Completion::Mark) => format!(
+                "UPDATE {t} SET lease_done_at = UTC_TIMESTAMP(6), lease_until = NULL WHERE {ours}"
+            ),
+            (Change::Extend(v), _) => format!(
+                "UPDATE {t} SET lease_until = UTC_TIMESTAMP(6) + INTERVAL {} MICROSECOND WHERE {ours}",
+                micros(v)
+            ),
+            (Change::Release, _) => {
+                format!("UPDATE {t} SET lease_owner = NULL, lease_until = NULL WHERE {ours}")
+            }
+        };
+        format!("SELECT CAST({id} AS SIGNED) FROM {t} WHERE {ours} FOR UPDATE; {write}")
+    }
+
+    async fn by_claim(
+        &self,
+        what: &'static str,
+        change: Change,
+        claim: &Claim,
+        ids: &[i64],
+        tx: Option<&mut Transaction<'_, MySql>>,
+    ) -> Result<Outcome> {
+        self.ready().await?;
+        if ids.is_empty() {
+            return Ok(Outcome::default());
+        }
+        let sql = self.by_claim_sql(change, claim, ids);
+        let rows = match tx {
+            // In the caller's transaction: it commits or rolls back.
+            Some(tx) => {
+                self.provider
+                    .bounded(what, batch::rows(tx, &sql))
+                    .await?
+            }
+            None => {
+                let sql = format!(
+                    "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION; {sql}; COMMIT"
+                );
+                transaction!(self.provider, what, |conn| async {
+                    batch::rows(conn, &sql).await
+                })?
+            }
+        };
+        let decode = |e: sqlx::Error| self.provider.map_err(e);
+        let done = rows
+            .iter()
+            .map(|r| r.try_get::<i64, _>(0).map_err(decode))
+            .collect::<Result<Vec<i64>>>()?;
+        Ok(Outcome::from_done(ids, done))
+    }
+
+    /// Completes the rows `ids` of `claim` (deletes or marks them, as the
+    /// queue is configured). Rows that are not the claim's any more are
+    /// left alone and reported stale.
+    ///
+    /// # Errors
+    /// `Unavailable` when the database is down.
+    pub async fn complete(&self, claim: &Claim, ids: &[i64]) -> Result<Outcome> {
+        self.by_claim("complete", Change::Complete, claim, ids, None)
+            .await
+    }
+
+    /// [`complete`](Self::complete) inside your transaction: commit your
+    /// writes with it only when the outcome has no stale rows, and the work
+    /// and its completion happen together, once. The rows are locked
+    /// (`FOR UPDATE`) until your transaction ends.
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: lease_mysql::JobQueue, claim: lease_mysql::Claim, pool: sqlx::MySqlPool) -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut tx = pool.begin().await?;
+    /// sqlx::query("UPDATE accounts SET paid = TRUE WHERE payout = ?")
+    ///     .bind(claim.ids()[0])
+    ///     .execute(&mut *tx)
+    ///     .await?;
+    /// if queue.complete_in(&mut tx, &claim, claim.ids()).await?.all_done() {
+    ///     tx.commit().await?;
+    /// } // else: dropped, rolled back; another worker has those rows now
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// `Unavailable` when the database is down.
+    pub async fn complete_in(
+        &self,
+        tx: &mut Transaction<'_, MySql>,
+        claim: &Claim,
+        ids: &[i64],
+    ) -> Result<Outcome> {
+        self.by_claim("complete", Change::Complete, claim, ids, Some(tx))
+            .await
+    }
+
+    /// Pushes the visibility deadline of `claim`'s rows to database-now +
+    /// `visibility`. The claim keeps only the rows it still holds and gets
+    /// its new local deadline; on an error it is left as it was.
+    ///
+    /// # Errors
+    /// `Unavailable` when the database is down; `Config` for a zero
+    /// visibility.
+    pub async fn extend(&self, claim: &mut Claim, visibility: Duration) -> Result<Outcome> {
+        validate_visibility(visibility)?;
+        let sent_at = Instant::now();
+        let ids = claim.ids.clone();
+        let outcome = self
+            .by_claim("extend", Change::Extend(visibility), claim, &ids, None)
+            .await?;
+        let rows = std::mem::take(&mut claim.rows);
+        let (ids, rows): (Vec<i64>, Vec<MySqlRow>) = ids
+            .into_iter()
+            .zip(rows)
+            .filter(|(id, _)| outcome.done.contains(id))
+            .unzip();
+        claim.ids = ids;
+        claim.rows = rows;
+        claim.valid_until = lease_api::backend::deadline_after(sent_at, visibility);
+        Ok(outcome)
+    }
+
+    /// Gives the rows `ids` of `claim` back at once, for another worker to
+    /// claim (a graceful shutdown, a job this worker cannot do).
+    ///
+    /// # Errors
+    /// `Unavailable` when the database is down.
+    pub async fn release(&self, claim: &Claim, ids: &[i64]) -> Result<Outcome> {
+        self.by_claim("release", Change::Release, claim, ids, None)
+            .await
+    }
+}
