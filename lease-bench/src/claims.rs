@@ -1,6 +1,7 @@
-//! The database-claims section (`--claims`): PostgreSQL's lease table against
-//! its advisory-lock mode, a SKIP LOCKED job queue against a lease per job,
-//! and once-per-slot claims. Writes CLAIMS.md and claims.json.
+//! The database-claims section (`--claims`), on PostgreSQL and on MariaDB:
+//! the lease table against the advisory-lock mode, a SKIP LOCKED job queue
+//! against a lease per job, and once-per-slot claims. Writes CLAIMS.md and
+//! claims.json.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -8,13 +9,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use leases::lease_postgres::{
-    AdvisoryProvider, JobQueue, OnceClaims, PostgresConfig, PostgresProvider, QueueConfig,
-};
 use leases::{LeaseKey, LeaseProvider};
 use serde::Serialize;
-use sqlx::postgres::PgPoolOptions;
 use tokio::time::Instant;
+
+use crate::claims_db::{BoxErr, Db, JOB_LEASE};
 
 /// Latency of acquire + release, uncontended.
 #[derive(Debug, Serialize)]
@@ -53,15 +52,20 @@ pub struct OnceRow {
     pub single_winner_slots: usize,
 }
 
+/// One store's figures.
 #[derive(Debug, Serialize)]
-pub struct ClaimsReport {
-    pub smoke: bool,
+pub struct StoreClaims {
+    pub store: String,
     pub pairs: Vec<PairRow>,
     pub jobs: Vec<JobsRow>,
     pub once: OnceRow,
 }
 
-type BoxErr = Box<dyn std::error::Error + Send + Sync>;
+#[derive(Debug, Serialize)]
+pub struct ClaimsReport {
+    pub smoke: bool,
+    pub stores: Vec<StoreClaims>,
+}
 
 fn pct(sorted: &[u64], p: f64) -> u64 {
     if sorted.is_empty() {
@@ -113,38 +117,14 @@ async fn pair(mode: &str, p: Arc<dyn LeaseProvider>, ops: usize) -> Result<PairR
     })
 }
 
-async fn job_table(pool: &sqlx::PgPool, jobs: usize) -> Result<String, BoxErr> {
-    let table = namespace("jobs").replace('-', "_");
-    sqlx::query(&format!(
-        "CREATE TABLE {table} (id bigint PRIMARY KEY, done boolean NOT NULL DEFAULT false)"
-    ))
-    .execute(pool)
-    .await?;
-    sqlx::query(&format!(
-        "INSERT INTO {table} (id) SELECT g FROM generate_series(1, $1) g"
-    ))
-    .bind(i64::try_from(jobs)?)
-    .execute(pool)
-    .await?;
-    Ok(table)
-}
-
 /// Workers claim `batch` rows at a time and complete them (deleting them).
-async fn queue_run(
-    url: &str,
-    pool: &sqlx::PgPool,
-    jobs: usize,
-    workers: usize,
-    batch: usize,
-) -> Result<JobsRow, BoxErr> {
-    let table = job_table(pool, jobs).await?;
-    let provider = PostgresProvider::new(
-        PostgresConfig::new(url)
-            .namespace(namespace("queue"))
-            .max_connections(u32::try_from(workers)? + 2),
-    )?;
-    let queue = Arc::new(JobQueue::new(&provider, QueueConfig::new(&table))?);
-    queue.migrate().await?;
+async fn queue_run(db: &Db, jobs: usize, workers: usize, batch: usize) -> Result<JobsRow, BoxErr> {
+    let table = namespace("jobs").replace('-', "_");
+    db.job_table(&table, jobs).await?;
+    let queue = Arc::new(
+        db.queue(&namespace("queue"), &table, u32::try_from(workers)? + 2)
+            .await?,
+    );
     let done = Arc::new(AtomicUsize::new(0));
     let statements = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
@@ -156,16 +136,12 @@ async fn queue_run(
                 Arc::clone(&statements),
             );
             tokio::spawn(async move {
-                loop {
-                    let claim = queue.claim_next(batch).await?;
-                    statements.fetch_add(1, Ordering::Relaxed);
-                    if claim.is_empty() {
-                        return Ok::<_, leases::LeaseError>(());
-                    }
-                    let outcome = queue.complete(&claim, claim.ids()).await?;
-                    statements.fetch_add(1, Ordering::Relaxed);
-                    done.fetch_add(outcome.done.len(), Ordering::Relaxed);
+                while let Some(n) = queue.claim_and_complete(batch).await? {
+                    statements.fetch_add(2, Ordering::Relaxed);
+                    done.fetch_add(n, Ordering::Relaxed);
                 }
+                statements.fetch_add(1, Ordering::Relaxed);
+                Ok::<_, leases::LeaseError>(())
             })
         })
         .collect();
@@ -173,12 +149,8 @@ async fn queue_run(
         t.await??;
     }
     let seconds = started.elapsed().as_secs_f64();
-    let left: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
-        .fetch_one(pool)
-        .await?;
-    sqlx::query(&format!("DROP TABLE {table}"))
-        .execute(pool)
-        .await?;
+    let left = db.count(&table, "TRUE").await?;
+    db.drop_table(&table).await?;
     Ok(JobsRow {
         method: format!("claim_next({batch}) + complete, SKIP LOCKED"),
         jobs,
@@ -193,54 +165,41 @@ async fn queue_run(
 /// Every worker walks the whole job list (from its own offset) and, for
 /// each job not done yet, takes a lease on it, marks it done and releases:
 /// the loop a lock service offers when workers poll one shared list.
-async fn lease_per_job_run(
-    url: &str,
-    pool: &sqlx::PgPool,
-    jobs: usize,
-    workers: usize,
-) -> Result<JobsRow, BoxErr> {
-    let table = job_table(pool, jobs).await?;
-    let provider: Arc<dyn LeaseProvider> = Arc::new(PostgresProvider::new(
-        PostgresConfig::new(url)
-            .namespace(namespace("per-job"))
-            .max_connections(u32::try_from(workers)? + 2),
-    )?);
+async fn lease_per_job_run(db: &Db, jobs: usize, workers: usize) -> Result<JobsRow, BoxErr> {
+    let table = namespace("jobs").replace('-', "_");
+    db.job_table(&table, jobs).await?;
+    let provider = db.lease_provider(&namespace("per-job"), u32::try_from(workers)? + 2)?;
     let done = Arc::new(AtomicUsize::new(0));
     let statements = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let tasks: Vec<_> = (0..workers)
         .map(|w| {
-            let (provider, pool, table, done, statements) = (
+            let (provider, db, table, done, statements) = (
                 Arc::clone(&provider),
-                pool.clone(),
+                db.clone(),
                 table.clone(),
                 Arc::clone(&done),
                 Arc::clone(&statements),
             );
             tokio::spawn(async move {
-                let is_done = format!("SELECT done FROM {table} WHERE id = $1");
-                let mark = format!("UPDATE {table} SET done = true WHERE id = $1 AND NOT done");
                 let offset = w * jobs / workers;
                 for i in 0..jobs {
                     let id = i64::try_from((offset + i) % jobs + 1)?;
-                    let finished: bool = sqlx::query_scalar(&is_done)
-                        .bind(id)
-                        .fetch_one(&pool)
-                        .await?;
+                    let finished = db.is_done(&table, id).await?;
                     statements.fetch_add(1, Ordering::Relaxed);
                     if finished {
                         continue;
                     }
                     let key = LeaseKey::new(format!("job-{id}"))?;
-                    let lease = provider.try_acquire(&key, Duration::from_secs(30)).await?;
+                    let lease = provider.try_acquire(&key, JOB_LEASE).await?;
                     statements.fetch_add(1, Ordering::Relaxed);
                     let Some(lease) = lease.into_lease() else {
                         continue;
                     };
-                    let marked = sqlx::query(&mark).bind(id).execute(&pool).await?;
+                    let marked = db.mark_done(&table, id).await?;
                     provider.release(&lease).await?;
                     statements.fetch_add(2, Ordering::Relaxed);
-                    done.fetch_add(usize::try_from(marked.rows_affected())?, Ordering::Relaxed);
+                    done.fetch_add(usize::try_from(marked)?, Ordering::Relaxed);
                 }
                 Ok::<_, BoxErr>(())
             })
@@ -250,12 +209,8 @@ async fn lease_per_job_run(
         t.await??;
     }
     let seconds = started.elapsed().as_secs_f64();
-    let left: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {table} WHERE NOT done"))
-        .fetch_one(pool)
-        .await?;
-    sqlx::query(&format!("DROP TABLE {table}"))
-        .execute(pool)
-        .await?;
+    let left = db.count(&table, "NOT done").await?;
+    db.drop_table(&table).await?;
     Ok(JobsRow {
         method: "a lease per job (try_acquire, mark done, release)".into(),
         jobs,
@@ -267,23 +222,16 @@ async fn lease_per_job_run(
     })
 }
 
-async fn once_run(url: &str, claims_n: usize, slots: usize) -> Result<OnceRow, BoxErr> {
+async fn once_run(db: &Db, claims_n: usize, slots: usize) -> Result<OnceRow, BoxErr> {
     const RACERS: usize = 16;
-    let provider = PostgresProvider::new(
-        PostgresConfig::new(url)
-            .namespace(namespace("once"))
-            .max_connections(RACERS as u32 + 2),
-    )?;
-    let claims = OnceClaims::new(&provider);
-    claims.migrate().await?;
+    let claims = db.once(&namespace("once"), RACERS as u32 + 2).await?;
     let mut took = Vec::with_capacity(claims_n);
     let started = Instant::now();
     for i in 0..claims_n {
         let t = Instant::now();
-        claims
-            .claim_once("nightly", &format!("slot-{i}"), None)
-            .await?
-            .ok_or("a fresh slot was claimed already")?;
+        if !claims.claim("nightly", &format!("slot-{i}")).await? {
+            return Err("a fresh slot was claimed already".into());
+        }
         took.push(u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX));
     }
     let secs = started.elapsed().as_secs_f64();
@@ -293,12 +241,12 @@ async fn once_run(url: &str, claims_n: usize, slots: usize) -> Result<OnceRow, B
         let slot = format!("raced-{s}");
         let won = futures_util::future::join_all((0..RACERS).map(|_| {
             let (claims, slot) = (claims.clone(), slot.clone());
-            async move { claims.claim_once("cron", &slot, None).await }
+            async move { claims.claim("cron", &slot).await }
         }))
         .await;
         let mut winners = 0;
         for w in won {
-            if w?.is_some() {
+            if w? {
                 winners += 1;
             }
         }
@@ -317,53 +265,55 @@ async fn once_run(url: &str, claims_n: usize, slots: usize) -> Result<OnceRow, B
     })
 }
 
-/// Runs the section against `url` and writes CLAIMS.md and claims.json to
-/// `out`. Fails if any run was not exactly once.
-pub async fn run(url: &str, smoke: bool, out: &Path) -> Result<(), BoxErr> {
+/// One store's runs.
+async fn store_run(db: &Db, smoke: bool) -> Result<StoreClaims, BoxErr> {
     let (ops, jobs, slots) = if smoke {
         (50, 500, 5)
     } else {
         (5_000, 20_000, 200)
     };
     let workers = 16;
-    let pool = PgPoolOptions::new()
-        .max_connections(20)
-        .connect(url)
-        .await?;
-    let table: Arc<dyn LeaseProvider> = Arc::new(PostgresProvider::new(
-        PostgresConfig::new(url).namespace(namespace("pair")),
-    )?);
-    let advisory: Arc<dyn LeaseProvider> = Arc::new(AdvisoryProvider::new(
-        PostgresConfig::new(url).namespace(namespace("pair")),
-    )?);
-    eprintln!("lease-bench: claims: acquire + release, {ops} each");
-    let pairs = vec![
-        pair("lease table (PostgresProvider)", table, ops).await?,
-        pair("advisory lock (AdvisoryProvider)", advisory, ops).await?,
-    ];
-    eprintln!("lease-bench: claims: {jobs} jobs, {workers} workers");
+    let store = db.name();
+    eprintln!("lease-bench: claims: {store}: acquire + release, {ops} each");
+    let mut pairs = Vec::new();
+    for (mode, provider) in db.providers(&namespace("pair"))? {
+        pairs.push(pair(&mode, provider, ops).await?);
+    }
+    eprintln!("lease-bench: claims: {store}: {jobs} jobs, {workers} workers");
     let per_job = jobs.min(if smoke { 200 } else { 5_000 });
     let jobs_rows = vec![
-        queue_run(url, &pool, jobs, workers, 100).await?,
-        queue_run(url, &pool, per_job, workers, 1).await?,
-        lease_per_job_run(url, &pool, per_job, workers).await?,
+        queue_run(db, jobs, workers, 100).await?,
+        queue_run(db, per_job, workers, 1).await?,
+        lease_per_job_run(db, per_job, workers).await?,
     ];
-    eprintln!("lease-bench: claims: once-per-slot");
-    let once = once_run(url, ops, slots).await?;
-    let report = ClaimsReport {
-        smoke,
+    eprintln!("lease-bench: claims: {store}: once-per-slot");
+    let once = once_run(db, ops, slots).await?;
+    Ok(StoreClaims {
+        store: store.into(),
         pairs,
         jobs: jobs_rows,
         once,
-    };
+    })
+}
+
+/// Runs the section against PostgreSQL at `postgres` and MariaDB at
+/// `mysql`, and writes CLAIMS.md and claims.json to `out`. Fails if any run
+/// was not exactly once.
+pub async fn run(postgres: &str, mysql: &str, smoke: bool, out: &Path) -> Result<(), BoxErr> {
+    let mut stores = Vec::new();
+    for db in [Db::postgres(postgres).await?, Db::mysql(mysql).await?] {
+        stores.push(store_run(&db, smoke).await?);
+    }
+    let report = ClaimsReport { smoke, stores };
     std::fs::create_dir_all(out)?;
     std::fs::write(
         out.join("claims.json"),
         serde_json::to_string_pretty(&report)?,
     )?;
     std::fs::write(out.join("CLAIMS.md"), markdown(&report))?;
-    let broken = report.jobs.iter().any(|j| !j.exactly_once)
-        || report.once.single_winner_slots != report.once.raced_slots;
+    let broken = report.stores.iter().any(|s| {
+        s.jobs.iter().any(|j| !j.exactly_once) || s.once.single_winner_slots != s.once.raced_slots
+    });
     if broken {
         return Err("a run did not process every job (or slot) exactly once; see CLAIMS.md".into());
     }
@@ -372,19 +322,29 @@ pub async fn run(url: &str, smoke: bool, out: &Path) -> Result<(), BoxErr> {
 
 fn markdown(r: &ClaimsReport) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "# Database claims on PostgreSQL\n");
+    let _ = writeln!(s, "# Database claims on PostgreSQL and MariaDB\n");
     let _ = writeln!(
         s,
         "Written by `scripts/bench-claims` (lease-bench `--claims`, release build) against the\n\
-         loopback PostgreSQL of `scripts/stores` (fsync off) on a 2-core machine: compare the\n\
-         rows with each other, not with other machines. Each figure is one run.{}\n",
+         loopback PostgreSQL (fsync off) and MariaDB (`innodb_flush_log_at_trx_commit` 1) of\n\
+         `scripts/stores` on a 2-core machine: compare the rows with each other, not with other\n\
+         machines. Each figure is one run. \"Statements per job\" counts calls (a claim, a\n\
+         completion, a lookup); a MariaDB claim is two round trips, a PostgreSQL claim one.{}\n",
         if r.smoke {
             " **Smoke run: tiny counts, not worth reading.**"
         } else {
             ""
         }
     );
-    let _ = writeln!(s, "## Acquire + release, one key at a time\n");
+    for store in &r.stores {
+        store_markdown(&mut s, store);
+    }
+    s
+}
+
+fn store_markdown(s: &mut String, r: &StoreClaims) {
+    let store = &r.store;
+    let _ = writeln!(s, "## {store}: acquire + release, one key at a time\n");
     let _ = writeln!(s, "| mode | pairs | p50 µs | p99 µs | pairs/s |");
     let _ = writeln!(s, "| --- | --- | --- | --- | --- |");
     for p in &r.pairs {
@@ -394,7 +354,7 @@ fn markdown(r: &ClaimsReport) -> String {
             p.mode, p.ops, p.p50_us, p.p99_us, p.per_sec
         );
     }
-    let _ = writeln!(s, "\n## Working through a job table\n");
+    let _ = writeln!(s, "\n## {store}: working through a job table\n");
     let _ = writeln!(
         s,
         "| method | jobs | workers | seconds | jobs/s | statements per job | each job exactly once |"
@@ -414,12 +374,11 @@ fn markdown(r: &ClaimsReport) -> String {
         );
     }
     let o = &r.once;
-    let _ = writeln!(s, "\n## Once-per-slot claims\n");
+    let _ = writeln!(s, "\n## {store}: once-per-slot claims\n");
     let _ = writeln!(
         s,
         "{} claims of fresh slots, one at a time: p50 {} µs, p99 {} µs, {:.0} claims/s.\n\
-         {} slots raced by {} callers each: {} had exactly one winner.",
+         {} slots raced by {} callers each: {} had exactly one winner.\n",
         o.claims, o.p50_us, o.p99_us, o.per_sec, o.raced_slots, o.racers, o.single_winner_slots
     );
-    s
 }

@@ -8,6 +8,7 @@ mod across;
 mod backend;
 mod child;
 mod claims;
+mod claims_db;
 mod common;
 mod contention;
 mod fairness;
@@ -78,7 +79,7 @@ struct Opts {
     /// backend (writes SESSIONS.md and sessions.json; see scripts/bench-sessions).
     #[arg(long)]
     sessions: bool,
-    /// Run only the database-claims section on PostgreSQL: the lease table
+    /// Run only the database-claims section on PostgreSQL and MariaDB: the lease table
     /// against advisory locks, a SKIP LOCKED job queue against a lease per
     /// job, and once-per-slot claims (writes CLAIMS.md and claims.json; see
     /// scripts/bench-claims).
@@ -153,7 +154,14 @@ async fn main() {
         return;
     }
     if opts.claims {
-        if let Err(e) = claims::run(&store_url("postgres"), opts.smoke, &opts.out).await {
+        if let Err(e) = claims::run(
+            &store_url("postgres"),
+            &store_url("mysql"),
+            opts.smoke,
+            &opts.out,
+        )
+        .await
+        {
             eprintln!("lease-bench: claims: {e}");
             std::process::exit(1);
         }

@@ -114,7 +114,7 @@ pub(crate) enum Command {
         /// After SIGTERM, how long CMD gets before SIGKILL.
         #[arg(long, value_parser = duration, default_value = "10s")]
         grace: Duration,
-        /// Run CMD at most once per SLOT of KEY (PostgreSQL only), such as the
+        /// Run CMD at most once per SLOT of KEY (PostgreSQL or MySQL), such as the
         /// cron slot `2026-12-04T02:00`: once the lease is held, the slot is
         /// claimed in the database, and only the one `lease run` that claims
         /// it runs CMD; every other exits 75, whenever it comes. A claimed

@@ -23,6 +23,7 @@ mod exit;
 mod held;
 mod run;
 mod script;
+mod slots;
 mod status;
 mod store;
 mod supervise;

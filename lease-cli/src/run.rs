@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leases::{
-    AcquireOptions, GuardConfig, LeaseError, LeaseGuard, LeaseKey, LeaseSetGuard, Store,
-    StoreConfig, acquire, acquire_all, acquire_read, acquire_write, end_after_min_hold,
+    AcquireOptions, GuardConfig, LeaseGuard, LeaseKey, LeaseSetGuard, StoreConfig, acquire,
+    acquire_all, acquire_read, acquire_write, end_after_min_hold,
 };
 
 use crate::exit::{
@@ -15,6 +15,7 @@ use crate::exit::{
     FLUSH_LIMIT, describe, error_code, fail,
 };
 use crate::held::{Held, describe_keys, environment};
+use crate::slots::{SlotClaims, claim_slot};
 use crate::status::held_by;
 use crate::store::shared_store;
 use crate::supervise;
@@ -46,60 +47,6 @@ fn check_runnable(program: &str) -> Result<(), (u8, String)> {
     Err((EXIT_NOT_FOUND, format!("{program}: command not found")))
 }
 
-/// The once-per-slot claims of the configured PostgreSQL store, in its
-/// namespace (and in the lease table's schema).
-fn once_claims(config: &StoreConfig) -> Result<leases::lease_postgres::OnceClaims, LeaseError> {
-    let Store::Postgres {
-        url, schema, table, ..
-    } = config.parsed()?
-    else {
-        return Err(LeaseError::Config(format!(
-            "--once-per claims slots in PostgreSQL; the store is {}",
-            config.parsed()?.kind()
-        )));
-    };
-    let provider = leases::lease_postgres::PostgresProvider::new(
-        leases::lease_postgres::PostgresConfig::new(url)
-            .namespace(&config.namespace)
-            .table(&schema, table)
-            .timeouts(config.connect_timeout, config.request_timeout),
-    )?;
-    leases::lease_postgres::OnceClaims::in_table(
-        &provider,
-        &schema,
-        leases::lease_postgres::CLAIMS_TABLE,
-    )
-}
-
-/// Claims `slot` of `key` once the lease is held: `Err` with the exit code
-/// and message when another run has it (or the claim failed).
-async fn claim_slot(
-    claims: &leases::lease_postgres::OnceClaims,
-    key: &LeaseKey,
-    slot: &str,
-    keep: Option<Duration>,
-) -> Result<leases::lease_postgres::OnceClaim, (u8, String)> {
-    match claims.claim_once(key.as_str(), slot, keep).await {
-        Ok(Some(claim)) => Ok(claim),
-        Ok(None) => {
-            let by = match claims.holder(key.as_str(), slot).await {
-                Ok(Some(h)) => format!(
-                    " by {} (token {}, {} ago)",
-                    h.holder.as_deref().unwrap_or("another run"),
-                    h.token,
-                    humantime::format_duration(Duration::from_secs(h.age.as_secs()))
-                ),
-                _ => String::new(),
-            };
-            Err((
-                EXIT_NOT_ACQUIRED,
-                format!("slot {slot:?} of {key} was claimed already{by}; not running"),
-            ))
-        }
-        Err(e) => Err((error_code(&e), describe(&e))),
-    }
-}
-
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn run(
     config: &StoreConfig,
@@ -113,7 +60,11 @@ pub(crate) async fn run(
     if let Err((code, msg)) = check_runnable(&cmd[0]) {
         return fail(code, msg);
     }
-    let claims = match once.as_ref().map(|_| once_claims(config)).transpose() {
+    let claims = match once
+        .as_ref()
+        .map(|_| SlotClaims::for_store(config))
+        .transpose()
+    {
         Ok(c) => c,
         Err(e) => return fail(EXIT_USAGE, describe(&e)),
     };

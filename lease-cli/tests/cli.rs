@@ -1369,6 +1369,36 @@ fn chaos_runs_workers_against_the_store_and_judges_them() {
 #[test]
 fn once_per_slot_runs_the_command_once() {
     let store = shared("postgres");
+    once_per_slot(&store);
+    // Other stores have no slot claims; --keep-claim alone is a usage error.
+    let key = unique("cli-once");
+    let redis = output(run_args(
+        &shared("redis"),
+        &key,
+        "10s",
+        &["--once-per", "x"],
+        &["true"],
+    ));
+    assert_eq!(redis.status.code(), Some(64), "{redis:?}");
+    assert!(String::from_utf8_lossy(&redis.stderr).contains("PostgreSQL or MySQL"));
+    let alone = output(run_args(
+        &store,
+        &key,
+        "10s",
+        &["--keep-claim", "1s"],
+        &["true"],
+    ));
+    assert_eq!(alone.status.code(), Some(64), "{alone:?}");
+}
+
+/// The same on MySQL/MariaDB (`lease_mysql::OnceClaims`).
+#[test]
+fn once_per_slot_runs_the_command_once_on_mysql() {
+    once_per_slot(&shared("mysql"));
+}
+
+fn once_per_slot(store: &str) {
+    let store = store.to_owned();
     let key = unique("cli-once");
     let dir = TempDir::new("lease-cli");
     let log = dir.path().join("runs");
@@ -1440,24 +1470,6 @@ fn once_per_slot_runs_the_command_once() {
         Some(0)
     );
     ran(4);
-    // Other stores have no slot claims; --keep-claim alone is a usage error.
-    let redis = output(run_args(
-        &shared("redis"),
-        &key,
-        "10s",
-        &["--once-per", "x"],
-        &["true"],
-    ));
-    assert_eq!(redis.status.code(), Some(64), "{redis:?}");
-    assert!(String::from_utf8_lossy(&redis.stderr).contains("PostgreSQL"));
-    let alone = output(run_args(
-        &store,
-        &key,
-        "10s",
-        &["--keep-claim", "1s"],
-        &["true"],
-    ));
-    assert_eq!(alone.status.code(), Some(64), "{alone:?}");
 }
 
 /// PostgreSQL's advisory mode: when `lease run` is killed (kill -9), its

@@ -490,11 +490,7 @@ impl JobQueue {
         let sql = self.by_claim_sql(change, claim, ids);
         let rows = match tx {
             // In the caller's transaction: it commits or rolls back.
-            Some(tx) => {
-                self.provider
-                    .bounded(what, batch::rows(tx, &sql))
-                    .await?
-            }
+            Some(tx) => self.provider.bounded(what, batch::rows(tx, &sql)).await?,
             None => {
                 let sql = format!(
                     "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION; {sql}; COMMIT"
