@@ -140,10 +140,26 @@
 //!   (`<table>_lease_token`), bumped inside the claim's transaction after
 //!   the rows are locked and held until it commits, so a later claim always
 //!   has a greater token. The table name may be at most 52 bytes.
+//!   Tokens of deleted rows are not remembered elsewhere: do not edit the
+//!   counter, or restore it from an older dump (a missing counter row is
+//!   refused, and `migrate` seeds it again from the greatest token left).
 //! - MySQL has no `UPDATE .. RETURNING`: a claim is two round trips (lock
 //!   the rows; draw, mark, read back and commit in one batch), and
 //!   complete, extend and release lock the rows still the claim's, list
 //!   them and change exactly those, in one batch.
+//! - InnoDB locks every row a locking read reads before it sorts, so an
+//!   `ORDER BY .. LIMIT .. FOR UPDATE` that needs a sort would lock every
+//!   eligible row. Claims in key order scan the index of pending rows and
+//!   stop at the limit; a queue with an `order` of its own reads the next
+//!   keys in that order without locks and then locks them by key, a round
+//!   trip more per window.
+//! - On Galera, claims through several nodes meet at certification: the
+//!   loser's transaction is rolled back as a deadlock and made again (a
+//!   test drains a queue and races slots through two nodes).
+//! - On MySQL (not MariaDB) a claim the client gave up on is not ended by
+//!   the server and may still commit: its rows come back after the
+//!   visibility timeout, and a once-claim whose caller saw an error may
+//!   have been won ([`OnceClaims::holder`] shows by whom).
 //! - [`JobQueue::complete_in`] takes your [`sqlx::Transaction`], so it
 //!   always runs inside one.
 //!

@@ -225,7 +225,8 @@ pub struct JobQueue {
     config: QueueConfig,
     order: String,
     counter: Counter,
-    migrated: OnceCell<()>,
+    /// Whether the index of pending rows is there, once migrated.
+    migrated: OnceCell<bool>,
 }
 
 impl std::fmt::Debug for JobQueue {
@@ -236,6 +237,23 @@ impl std::fmt::Debug for JobQueue {
             .field("visibility", &self.config.visibility)
             .finish_non_exhaustive()
     }
+}
+
+/// How long [`JobQueue::migrate`] may take: adding the index of pending
+/// rows to a large table is not a quick statement.
+pub const MIGRATION_LIMIT: Duration = Duration::from_secs(300);
+
+/// Whether `column` is among `columns` (name, data type) with an integer
+/// type (`tinyint` .. `bigint`).
+fn integer_key(columns: &[(String, String)], column: &str) -> bool {
+    columns.iter().any(|(name, ty)| {
+        name.eq_ignore_ascii_case(column) && ty.to_ascii_lowercase().ends_with("int")
+    })
+}
+
+/// The first column of every row, as keys.
+fn ints(rows: &[MySqlRow]) -> Result<Vec<i64>, sqlx::Error> {
+    rows.iter().map(|r| r.try_get::<i64, _>(0)).collect()
 }
 
 /// `ids` as an SQL list (integers: nothing to escape).
@@ -286,15 +304,16 @@ impl JobQueue {
     /// Adds the claim columns, the index of pending rows and the token
     /// counter if they are missing (each piece only when missing: on Galera
     /// every DDL statement runs on all nodes in total order). Safe from many
-    /// processes at once; waits at most 2 s for the table's metadata lock
-    /// behind open transactions, and fails rather than stall the claims.
+    /// processes at once. It waits at most 2 s for the table's metadata lock
+    /// behind open transactions (and fails rather than stall the claims),
+    /// and up to [`MIGRATION_LIMIT`] for the work itself: adding the index
+    /// to a large table takes a while (online, writes go on).
     ///
     /// # Errors
-    /// `Unavailable` when the database is down; `Backend` for a missing
-    /// table; `Denied` without the privilege.
+    /// `Backend` for a missing table; `Config` for a key column that is not
+    /// an integer; `Unavailable` when the database is down; `Denied`
+    /// without the privilege.
     pub async fn migrate(&self) -> Result<()> {
-        let database = self.config.database.clone();
-        let table = self.config.table.clone();
         let (t, id) = (&self.table, &self.id);
         let columns = [
             ("lease_owner", "VARBINARY(32) NULL"),
@@ -302,58 +321,91 @@ impl JobQueue {
             ("lease_until", "DATETIME(6) NULL"),
             ("lease_done_at", "DATETIME(6) NULL"),
         ];
-        self.provider
-            .bounded("the queue migration", async {
+        let present = lease_api::backend::bounded(
+            "the queue migration",
+            MIGRATION_LIMIT,
+            async {
                 let mut conn = self.provider.connect_session().await?;
-                let present: Vec<String> = sqlx::query_scalar(
-                    "SELECT CAST(COLUMN_NAME AS CHAR) FROM information_schema.COLUMNS
+                let present: Vec<(String, String)> = sqlx::query_as(
+                    "SELECT CAST(COLUMN_NAME AS CHAR), CAST(DATA_TYPE AS CHAR)
+                       FROM information_schema.COLUMNS
                       WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?",
                 )
-                .bind(&database)
-                .bind(&table)
+                .bind(&self.config.database)
+                .bind(&self.config.table)
                 .fetch_all(&mut conn)
                 .await?;
                 if present.is_empty() {
-                    // No table: the claim's own statement says so (1146).
-                    return Ok(());
+                    // No table: the server says so, in its own words (1146).
+                    sqlx::query(&format!("SELECT 1 FROM {t} LIMIT 0"))
+                        .execute(&mut conn)
+                        .await?;
                 }
-                let indexed: Option<i64> = sqlx::query_scalar(
-                    "SELECT 1 FROM information_schema.STATISTICS
-                      WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?
-                        AND INDEX_NAME = 'lease_pending' LIMIT 1",
-                )
-                .bind(&database)
-                .bind(&table)
-                .fetch_optional(&mut conn)
-                .await?;
+                if !integer_key(&present, &self.config.id_column) {
+                    return Ok(present);
+                }
                 // ALTER TABLE waits for every open transaction on the table,
-                // and every claim would queue behind it: give up instead.
-                sqlx::query("SET SESSION lock_wait_timeout = 2")
+                // and every claim would queue behind it: give up instead. The
+                // work itself may take longer than a statement may.
+                sqlx::query("SET SESSION lock_wait_timeout = 2 /*M!, max_statement_time = 0 */")
                     .execute(&mut conn)
                     .await?;
                 for (name, ty) in columns {
-                    if !present.iter().any(|p| p.eq_ignore_ascii_case(name)) {
+                    if !present.iter().any(|(p, _)| p.eq_ignore_ascii_case(name)) {
                         let add = format!("ALTER TABLE {t} ADD COLUMN `{name}` {ty}");
                         tolerate_existing(sqlx::query(&add).execute(&mut conn).await)?;
                     }
                 }
-                if indexed.is_none() {
+                if !self.has_index(&mut conn).await? {
                     let add = format!(
                         "ALTER TABLE {t} ADD INDEX `lease_pending` (`lease_done_at`, {id})"
                     );
                     tolerate_existing(sqlx::query(&add).execute(&mut conn).await)?;
                 }
-                self.counter.ensure(&mut conn, t, "lease_token").await
-            })
-            .await
-    }
-
-    async fn ready(&self) -> Result<()> {
-        crate::provider::in_runtime()?;
-        if self.config.migrate {
-            self.migrated.get_or_try_init(|| self.migrate()).await?;
+                self.counter.ensure(&mut conn, t, "lease_token").await?;
+                Ok(present)
+            },
+            |e| self.provider.map_err(e),
+        )
+        .await?;
+        if !integer_key(&present, &self.config.id_column) {
+            return Err(LeaseError::Config(format!(
+                "the job table {t} has no integer key column {id}: a job queue's key must be an integer type"
+            )));
         }
         Ok(())
+    }
+
+    /// Whether the table has the index of pending rows.
+    async fn has_index(&self, conn: &mut sqlx::MySqlConnection) -> Result<bool, sqlx::Error> {
+        let indexed: Option<i64> = sqlx::query_scalar(
+            "SELECT 1 FROM information_schema.STATISTICS
+              WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?
+                AND INDEX_NAME = 'lease_pending' LIMIT 1",
+        )
+        .bind(&self.config.database)
+        .bind(&self.config.table)
+        .fetch_optional(&mut *conn)
+        .await?;
+        Ok(indexed.is_some())
+    }
+
+    /// Migrates on first use (unless told not to); whether the index of
+    /// pending rows is there, which decides how rows are picked.
+    async fn ready(&self) -> Result<bool> {
+        crate::provider::in_runtime()?;
+        let indexed = self
+            .migrated
+            .get_or_try_init(|| async {
+                if self.config.migrate {
+                    self.migrate().await?;
+                }
+                transaction!(self.provider, "the queue's index lookup", |conn| async {
+                    self.has_index(conn).await
+                })
+            })
+            .await?;
+        Ok(*indexed)
     }
 
     /// Claims up to `limit` eligible rows nobody holds, in the queue's
@@ -374,30 +426,37 @@ impl JobQueue {
     /// As [`claim_next`](Self::claim_next); `Config` for a zero visibility.
     pub async fn claim_for(&self, limit: usize, visibility: Duration) -> Result<Claim> {
         validate_visibility(visibility)?;
-        self.ready().await?;
+        let indexed = self.ready().await?;
         let owner = OwnerId::random();
         let (t, id, order) = (&self.table, &self.id, &self.order);
         let filter = self.config.filter.as_deref().unwrap_or("TRUE");
-        // READ COMMITTED: rows the scan passes over but does not take are
-        // not left locked, and no gap is locked against new jobs.
+        let eligible = format!(
+            "lease_done_at IS NULL AND (lease_until IS NULL OR lease_until <= UTC_TIMESTAMP(6)) AND ({filter})"
+        );
+        // READ COMMITTED: rows a locking read looks at but does not take
+        // (they fail the filter) are unlocked at once, and no gap is locked
+        // against new jobs.
+        let begin = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
+        // InnoDB locks every row a locking read reads before it sorts: an
+        // `ORDER BY .. LIMIT n FOR UPDATE` that needs a sort locks every
+        // eligible row. Only a scan in the key's index order, which stops at
+        // the limit, locks just the rows it takes; any other order is taken
+        // in windows (see `pick_in_windows`).
+        let by_index = self.config.order.is_none() && indexed;
         let pick = format!(
-            "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION;
-             SELECT CAST({id} AS SIGNED) FROM {t}
-              WHERE lease_done_at IS NULL
-                AND (lease_until IS NULL OR lease_until <= UTC_TIMESTAMP(6))
-                AND ({filter})
-              ORDER BY {order} LIMIT {limit}
-              FOR UPDATE SKIP LOCKED"
+            "{begin}; SELECT CAST({id} AS SIGNED) FROM {t} FORCE INDEX (`lease_pending`)
+              WHERE {eligible} ORDER BY {id} LIMIT {limit} FOR UPDATE SKIP LOCKED"
         );
         let owner_hex = owner.to_hex();
         let visibility_us = micros(visibility);
         let sent_at = Instant::now();
         let (ids, rows) = transaction!(self.provider, "claim", |conn| async {
-            let picked = batch::rows(conn, &pick).await?;
-            let ids = picked
-                .iter()
-                .map(|r| r.try_get::<i64, _>(0))
-                .collect::<Result<Vec<i64>, _>>()?;
+            let ids = if by_index {
+                ints(&batch::rows(conn, &pick).await?)?
+            } else {
+                batch::rows(conn, begin).await?;
+                self.pick_in_windows(conn, &eligible, limit).await?
+            };
             if ids.is_empty() {
                 batch::rows(conn, "ROLLBACK").await?;
                 return Ok((ids, Vec::new()));
@@ -405,22 +464,35 @@ impl JobQueue {
             let list = id_list(&ids);
             // The token is drawn after the rows are locked, and the
             // counter row stays locked until the commit that ends the
-            // batch: a later claim of a row draws a greater token.
+            // batch: a later claim of a row draws a greater token. The
+            // first row answered is the draw (0: no counter row).
             let take = format!(
-                "{draw};
-                     UPDATE {t} SET lease_owner = '{owner_hex}', lease_token = LAST_INSERT_ID(),
-                            lease_until = UTC_TIMESTAMP(6) + INTERVAL {visibility_us} MICROSECOND
-                      WHERE {id} IN ({list}) AND LAST_INSERT_ID() > 0;
-                     SELECT CAST({id} AS SIGNED) AS lease_claim_id, {t}.* FROM {t}
-                      WHERE {id} IN ({list}) AND lease_owner = '{owner_hex}'
-                      ORDER BY {order};
-                     COMMIT",
+                "{draw}; SELECT LAST_INSERT_ID() AS lease_claim_draw;
+                 UPDATE {t} SET lease_owner = '{owner_hex}', lease_token = LAST_INSERT_ID(),
+                        lease_until = UTC_TIMESTAMP(6) + INTERVAL {visibility_us} MICROSECOND
+                  WHERE {id} IN ({list}) AND {eligible} AND LAST_INSERT_ID() > 0;
+                 SELECT CAST({id} AS SIGNED) AS lease_claim_id, {t}.* FROM {t}
+                  WHERE {id} IN ({list}) AND lease_owner = '{owner_hex}'
+                  ORDER BY {order};
+                 COMMIT",
                 draw = self.counter.draw()
             );
             let rows = batch::rows(conn, &take).await?;
             Ok((ids, rows))
         })?;
-        if ids.len() != rows.len() {
+        let mut rows = rows;
+        if rows.is_empty() {
+            return Ok(Claim {
+                owner,
+                token: FencingToken(0),
+                ids,
+                rows,
+                valid_until: lease_api::backend::deadline_after(sent_at, visibility),
+            });
+        }
+        let draw = rows.remove(0);
+        let decode = |e: sqlx::Error| self.provider.map_err(e);
+        if draw.try_get::<u64, _>(0).map_err(decode)? == 0 {
             return Err(LeaseError::Config(format!(
                 "the token counter of {} has no row: run JobQueue::migrate (claimed nothing)",
                 self.table
@@ -440,6 +512,52 @@ impl JobQueue {
             rows,
             valid_until: lease_api::backend::deadline_after(sent_at, visibility),
         })
+    }
+
+    /// Picks up to `limit` eligible rows in the queue's order, locking only
+    /// those: reads the next window of eligible keys in order (a plain
+    /// read, no locks), then locks the ones still eligible and not being
+    /// claimed by another worker (`SKIP LOCKED` by key), and moves on to
+    /// the next window until it has `limit` rows or no eligible row is left.
+    async fn pick_in_windows(
+        &self,
+        conn: &mut sqlx::MySqlConnection,
+        eligible: &str,
+        limit: usize,
+    ) -> Result<Vec<i64>, sqlx::Error> {
+        let (t, id, order) = (&self.table, &self.id, &self.order);
+        let mut picked = Vec::new();
+        let mut offset = 0usize;
+        while picked.len() < limit {
+            let want = limit - picked.len();
+            let window = ints(
+                &batch::rows(
+                    conn,
+                    &format!(
+                        "SELECT CAST({id} AS SIGNED) FROM {t} WHERE {eligible}
+                          ORDER BY {order} LIMIT {want} OFFSET {offset}"
+                    ),
+                )
+                .await?,
+            )?;
+            if window.is_empty() {
+                break;
+            }
+            let locked = ints(
+                &batch::rows(
+                    conn,
+                    &format!(
+                        "SELECT CAST({id} AS SIGNED) FROM {t}
+                          WHERE {id} IN ({}) AND {eligible} FOR UPDATE SKIP LOCKED",
+                        id_list(&window)
+                    ),
+                )
+                .await?,
+            )?;
+            offset = offset.saturating_add(window.len());
+            picked.extend(window.into_iter().filter(|i| locked.contains(i)));
+        }
+        Ok(picked)
     }
 
     /// The statements for `change` on the rows `ids` of `claim`: lock the

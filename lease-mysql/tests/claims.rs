@@ -156,6 +156,108 @@ async fn a_row_locked_by_another_transaction_is_skipped_not_waited_for() {
     assert_eq!(next.ids(), &[1, 3]);
 }
 
+/// Waits (10 s at most) until a claim on `table` waits for the table's
+/// token counter, which the caller's transaction `tx` has locked.
+async fn until_waiting_for_the_counter(tx: &mut sqlx::MySqlConnection, table: &str) {
+    let give_up = Instant::now() + Duration::from_secs(10);
+    let pattern = format!("%{table}_lease_token% SET v = LAST_INSERT_ID(v + 1)%");
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST
+              WHERE INFO LIKE ? AND ID <> CONNECTION_ID()",
+        )
+        .bind(&pattern)
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < give_up,
+            "the claim never waited for the counter"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Rows of `table` no transaction holds locked right now.
+async fn unlocked_rows(p: &MysqlProvider, table: &str) -> i64 {
+    let mut tx = p.pool().unwrap().begin().await.unwrap();
+    let n: i64 = sqlx::query_scalar(&format!(
+        "SELECT COUNT(*) FROM (SELECT id FROM {table} FOR UPDATE SKIP LOCKED) AS free"
+    ))
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    tx.rollback().await.unwrap();
+    n
+}
+
+/// A claim locks the rows it takes and no others while it runs, in the
+/// key's order (a scan of the pending-rows index that stops at the limit)
+/// and in an order of its own that no index gives: InnoDB locks every row an
+/// `ORDER BY .. LIMIT .. FOR UPDATE` reads before it sorts, and every other
+/// worker would find the queue empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_locks_only_the_rows_it_takes_in_any_order() {
+    let p = MysqlProvider::new(
+        MysqlConfig::new(store_url("LEASE_TEST_MYSQL_URL"))
+            .namespace(unique("claims"))
+            .timeouts(Duration::from_secs(10), Duration::from_secs(10)),
+    )
+    .unwrap();
+    for (order, first, skipping) in [
+        (None, [1, 2, 3], [5, 6]),
+        (Some("payload DESC"), [50, 49, 48], [46, 45]),
+    ] {
+        let table = job_table(&p, 50).await;
+        let mut config = QueueConfig::new(&table).filter("payload > 0");
+        if let Some(order) = order {
+            config = config.order(order);
+        }
+        let queue = Arc::new(JobQueue::new(&p, config).unwrap());
+        queue.migrate().await.unwrap();
+        // Hold the counter, so the claim stops with its rows locked.
+        let mut tx = p.pool().unwrap().begin().await.unwrap();
+        sqlx::query(&format!(
+            "SELECT v FROM {table}_lease_token WHERE id = 1 FOR UPDATE"
+        ))
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        let claiming = tokio::spawn({
+            let queue = Arc::clone(&queue);
+            async move { queue.claim_next(3).await }
+        });
+        until_waiting_for_the_counter(&mut tx, &table).await;
+        assert_eq!(
+            unlocked_rows(&p, &table).await,
+            47,
+            "{order:?}: a claim of 3 rows held other rows locked"
+        );
+        tx.rollback().await.unwrap();
+        let claim = claiming.await.unwrap().unwrap();
+        assert_eq!(claim.ids(), &first, "{order:?}");
+        // With the next row locked elsewhere, the next claim skips it and
+        // still takes as many as asked.
+        let next = if order.is_some() { 47 } else { 4 };
+        let mut tx = p.pool().unwrap().begin().await.unwrap();
+        sqlx::query(&format!(
+            "SELECT id FROM {table} WHERE id = {next} FOR UPDATE"
+        ))
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        assert_eq!(
+            queue.claim_next(2).await.unwrap().ids(),
+            &skipping,
+            "{order:?}"
+        );
+        tx.rollback().await.unwrap();
+    }
+}
+
 /// A claim chosen as a deadlock's victim (1213: InnoDB rolled its whole
 /// transaction back) is made again, not failed: here an operator's
 /// transaction holds the token counter and then asks for the row the claim
@@ -192,24 +294,7 @@ async fn a_claim_rolled_back_by_a_deadlock_is_made_again() {
         async move { queue.claim_next(1).await }
     });
     // The claim has locked row 1 and waits for the counter.
-    let give_up = Instant::now() + Duration::from_secs(10);
-    loop {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM information_schema.PROCESSLIST
-              WHERE INFO LIKE '%SET v = LAST_INSERT_ID(v + 1)%' AND ID <> CONNECTION_ID()",
-        )
-        .fetch_one(&mut *tx)
-        .await
-        .unwrap();
-        if waiting > 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < give_up,
-            "the claim never waited for the counter"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_waiting_for_the_counter(&mut tx, &table).await;
     // The cycle: this transaction now asks for row 1.
     sqlx::query(&format!("SELECT id FROM {table} WHERE id = 1 FOR UPDATE"))
         .execute(&mut *tx)
@@ -289,7 +374,7 @@ async fn completion_inside_the_workers_transaction_commits_with_the_work_or_not_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sixteen_workers_process_twenty_thousand_jobs_exactly_once_with_growing_tokens() {
+async fn sixteen_workers_process_twenty_thousand_jobs_exactly_once_with_distinct_tokens() {
     const JOBS: usize = 20_000;
     const WORKERS: usize = 16;
     let p = provider(WORKERS as u32 + 2);
@@ -508,9 +593,45 @@ async fn bad_queue_settings_are_refused_with_reasons() {
         );
     }
     // A missing table is the database's error, not a panic or a hang.
-    let queue = JobQueue::new(&p, QueueConfig::new(unique("absent").replace('-', "_"))).unwrap();
+    let absent = unique("absent").replace('-', "_");
+    let queue = JobQueue::new(&p, QueueConfig::new(&absent)).unwrap();
     let err = queue.claim_next(1).await.unwrap_err();
     assert!(matches!(err, LeaseError::Backend { .. }), "{err:?}");
+    // Made later (a worker that started before the schema), it is used.
+    sqlx::query(&format!("CREATE TABLE {absent} (id BIGINT PRIMARY KEY)"))
+        .execute(p.pool().unwrap())
+        .await
+        .unwrap();
+    sqlx::query(&format!("INSERT INTO {absent} VALUES (7)"))
+        .execute(p.pool().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(queue.claim_next(1).await.unwrap().ids(), &[7]);
+    // A key that is not an integer is refused before anything is added.
+    let text_keys = unique("textkeys").replace('-', "_");
+    sqlx::query(&format!(
+        "CREATE TABLE {text_keys} (id VARCHAR(10) PRIMARY KEY)"
+    ))
+    .execute(p.pool().unwrap())
+    .await
+    .unwrap();
+    let queue = JobQueue::new(&p, QueueConfig::new(&text_keys)).unwrap();
+    let err = queue.claim_next(1).await.unwrap_err();
+    assert!(
+        matches!(&err, LeaseError::Config(m) if m.contains("integer")),
+        "{err:?}"
+    );
+    assert_eq!(
+        count(
+            &p,
+            &format!(
+                "SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{text_keys}'"
+            )
+        )
+        .await,
+        1,
+        "columns were added to a table the queue refused"
+    );
     // So is a filter that is not SQL; the connection it broke is not reused.
     let table = job_table(&p, 3).await;
     let queue = JobQueue::new(&p, QueueConfig::new(&table).filter("no such column = 1")).unwrap();
