@@ -142,6 +142,7 @@ mod guard;
 mod held;
 mod holder;
 mod hook;
+mod hosts;
 mod hub;
 mod key;
 mod layered;

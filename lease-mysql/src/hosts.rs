@@ -9,9 +9,9 @@
 //! writes of all clients on one node, where InnoDB's row locks order them
 //! without certification conflicts.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use lease_api::backend::HostCursor;
 use lease_api::{LeaseError, Result};
 use sqlx::ConnectOptions;
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
@@ -19,46 +19,33 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 #[derive(Debug)]
 pub(crate) struct Hosts {
     options: Vec<MySqlConnectOptions>,
-    /// The host that answered last (tried first).
-    current: AtomicUsize,
+    /// The host that answered last (tried first); a caller that gives up
+    /// on a host after half the shorter of the connect and response
+    /// timeouts moves past it (a black-holed node would otherwise stay
+    /// first for ever).
+    cursor: HostCursor,
     connect_timeout: Duration,
 }
 
 /// Splits `mysql://user:pw@h1:p1,h2:p2/db?params` into one URL per host. A
 /// URL with one host comes back as it is.
 pub(crate) fn split_hosts(url: &str) -> Result<Vec<String>> {
-    let bad = |why: &str| {
+    lease_api::backend::split_host_list(url).map_err(|why| {
         LeaseError::Config(format!(
             "invalid MySQL URL ({why}); expected mysql://user[:password]@host[:port][,host[:port]...]/database"
         ))
-    };
-    let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("no scheme"))?;
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let (userinfo, hosts) = match authority.rsplit_once('@') {
-        Some((u, h)) => (format!("{u}@"), h),
-        None => (String::new(), authority),
-    };
-    if !hosts.contains(',') {
-        return Ok(vec![url.to_owned()]);
-    }
-    hosts
-        .split(',')
-        .map(|h| {
-            if h.is_empty() {
-                Err(bad("an empty host in the list"))
-            } else {
-                Ok(format!("{scheme}://{userinfo}{h}{tail}"))
-            }
-        })
-        .collect()
+    })
 }
 
 impl Hosts {
-    pub(crate) fn new(options: Vec<MySqlConnectOptions>, connect_timeout: Duration) -> Self {
+    pub(crate) fn new(
+        options: Vec<MySqlConnectOptions>,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> Self {
         Hosts {
+            cursor: HostCursor::new(options.len(), connect_timeout.min(response_timeout)),
             options,
-            current: AtomicUsize::new(0),
             connect_timeout,
         }
     }
@@ -78,8 +65,7 @@ impl Hosts {
 
     /// The options of the host that answered last.
     pub(crate) fn current(&self) -> MySqlConnectOptions {
-        let i = self.current.load(Ordering::Relaxed) % self.options.len();
-        self.options[i].clone()
+        self.options[self.cursor.current()].clone()
     }
 
     /// `host:port[,host:port...]`, for messages.
@@ -99,10 +85,10 @@ impl Hosts {
         setup: &str,
     ) -> std::result::Result<MySqlConnection, sqlx::Error> {
         let n = self.options.len();
-        let start = self.current.load(Ordering::Relaxed);
         let mut last = None;
-        for i in 0..n {
-            let at = (start + i) % n;
+        for _ in 0..n {
+            let step = self.cursor.attempt();
+            let at = step.host();
             let attempt = async {
                 let mut conn = self.options[at].connect().await?;
                 sqlx::query(setup).execute(&mut conn).await?;
@@ -129,11 +115,14 @@ impl Hosts {
             };
             match tokio::time::timeout(self.connect_timeout, attempt).await {
                 Ok(Ok(conn)) => {
-                    self.current.store(at, Ordering::Relaxed);
+                    step.succeeded();
                     return Ok(conn);
                 }
                 // A list that is not one Galera cluster: no other host helps.
-                Ok(Err(e @ sqlx::Error::Configuration(_))) => return Err(e),
+                Ok(Err(e @ sqlx::Error::Configuration(_))) => {
+                    step.failed();
+                    return Err(e);
+                }
                 Ok(Err(e)) => last = Some(e),
                 Err(_) => {
                     last = Some(sqlx::Error::Io(std::io::Error::new(
@@ -142,6 +131,7 @@ impl Hosts {
                     )));
                 }
             }
+            step.failed();
             if n > 1 {
                 tracing::debug!(host = %format!("{}:{}", self.options[at].get_host(), self.options[at].get_port()), "MySQL host passed over");
             }
@@ -178,23 +168,4 @@ pub(crate) async fn galera_state(
     } else {
         Galera::NotReady
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn host_lists_split_into_one_url_per_host() {
-        assert_eq!(
-            split_hosts("mysql://u:p@a:1,b:2,c/db?ssl-mode=required").unwrap(),
-            [
-                "mysql://u:p@a:1/db?ssl-mode=required",
-                "mysql://u:p@b:2/db?ssl-mode=required",
-                "mysql://u:p@c/db?ssl-mode=required"
-            ]
-        );
-        assert_eq!(split_hosts("mysql://a/db").unwrap(), ["mysql://a/db"]);
-        assert!(split_hosts("mysql://a,,b/db").is_err());
-    }
 }

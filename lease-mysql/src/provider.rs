@@ -122,7 +122,11 @@ impl MysqlProvider {
             per_host.push(options.statement_cache_capacity(32));
         }
         let options = per_host[0].clone();
-        let hosts = Arc::new(Hosts::new(per_host, config.connect_timeout));
+        let hosts = Arc::new(Hosts::new(
+            per_host,
+            config.connect_timeout,
+            config.response_timeout,
+        ));
         let display = format!("mysql://{}", hosts.display());
         let setup = session_setup(config.response_timeout);
         let multi = hosts.is_multi();

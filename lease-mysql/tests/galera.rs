@@ -159,3 +159,60 @@ async fn claims_made_through_two_nodes_are_exactly_once() {
         assert_eq!(winners, 1, "{slot}: {won:?}");
     }
 }
+
+/// A node that accepts connections and never answers (a black hole: no
+/// greeting, no reset) first in the host list: an operation given up on
+/// while it waits there moves the provider past it, so it serves from the
+/// next node within the recovery its probe declares, and stays there.
+/// (Without the step past, every operation would start at the hole and
+/// time out there, for ever.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_black_holed_node_in_the_host_list_is_passed_over() {
+    let hole = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hole_port = hole.local_addr().unwrap().port();
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = hole.accept().await {
+            open.push(socket);
+        }
+    });
+    let url = cluster().url();
+    let (head, rest) = url.split_once('@').unwrap();
+    let url = format!("{head}@127.0.0.1:{hole_port},{rest}");
+    // The connect timeout is longer than the response timeout: only the
+    // operation's own deadline ever ends an attempt on the hole.
+    let timeout = Duration::from_millis(800);
+    let p = MysqlProvider::new(
+        MysqlConfig::new(url)
+            .namespace(lease_testkit::unique("galera-hole"))
+            .timeouts(Duration::from_secs(3), timeout),
+    )
+    .unwrap();
+    let key = LeaseKey::new("black-hole").unwrap();
+    let started = std::time::Instant::now();
+    let lease = loop {
+        match p.try_acquire(&key, Duration::from_secs(30)).await {
+            Ok(acquired) => break acquired.into_lease().unwrap(),
+            Err(e) if e.is_transient() && started.elapsed() < Duration::from_secs(30) => {}
+            Err(e) => panic!("never served past the black hole: {e:?}"),
+        }
+    };
+    let took = started.elapsed();
+    let recovery = p
+        .probe()
+        .await
+        .unwrap()
+        .failover
+        .expect("a Galera node declares its failover")
+        .recovery;
+    assert!(
+        took <= recovery,
+        "served after {took:?}, past the declared recovery {recovery:?}"
+    );
+    // Later operations stay on the node that answered.
+    let again = std::time::Instant::now();
+    p.extend(&lease, Duration::from_secs(30)).await.unwrap();
+    p.release(&lease).await.unwrap();
+    assert!(again.elapsed() < timeout, "{:?}", again.elapsed());
+    held.abort();
+}

@@ -12,9 +12,9 @@
 //! (`25006`, it was demoted); either closes them, and the next connection
 //! finds the new primary.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use lease_api::backend::HostCursor;
 use lease_api::{LeaseError, Result};
 use sqlx::ConnectOptions;
 use sqlx::postgres::{PgConnectOptions, PgConnection};
@@ -33,42 +33,21 @@ pub(crate) async fn is_writable(conn: &mut PgConnection) -> std::result::Result<
 #[derive(Debug)]
 pub(crate) struct Hosts {
     options: Vec<PgConnectOptions>,
-    /// The host that last answered as the primary (tried first).
-    current: AtomicUsize,
+    /// The host that last answered as the primary (tried first); a
+    /// caller that gives up on a host after half the shorter of the
+    /// connect and response timeouts moves past it.
+    cursor: HostCursor,
     connect_timeout: Duration,
-    /// How long a host may take before a caller that gives up on it moves
-    /// past it: the shorter of the connect and response timeouts.
-    patience: Duration,
 }
 
 /// Splits `postgres://user:pw@h1:p1,h2:p2/db?params` into one URL per host.
 /// A URL with one host comes back as it is.
 fn split_hosts(url: &str) -> Result<Vec<String>> {
-    let bad = |why: &str| {
+    lease_api::backend::split_host_list(url).map_err(|why| {
         LeaseError::Config(format!(
             "invalid PostgreSQL URL ({why}); expected postgres://user[:password]@host[:port][,host[:port]...]/database"
         ))
-    };
-    let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("no scheme"))?;
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let (userinfo, hosts) = match authority.rsplit_once('@') {
-        Some((u, h)) => (format!("{u}@"), h),
-        None => (String::new(), authority),
-    };
-    if !hosts.contains(',') {
-        return Ok(vec![url.to_owned()]);
-    }
-    hosts
-        .split(',')
-        .map(|h| {
-            if h.trim().is_empty() {
-                Err(bad("an empty host in the host list"))
-            } else {
-                Ok(format!("{scheme}://{userinfo}{}{tail}", h.trim()))
-            }
-        })
-        .collect()
+    })
 }
 
 impl Hosts {
@@ -92,10 +71,9 @@ impl Hosts {
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Hosts {
+            cursor: HostCursor::new(options.len(), connect_timeout.min(response_timeout)),
             options,
-            current: AtomicUsize::new(0),
             connect_timeout,
-            patience: connect_timeout.min(response_timeout),
         })
     }
 
@@ -111,8 +89,7 @@ impl Hosts {
 
     /// The options of the host that last answered as the primary.
     pub(crate) fn current(&self) -> PgConnectOptions {
-        let i = self.current.load(Ordering::Relaxed) % self.options.len();
-        self.options[i].clone()
+        self.options[self.cursor.current()].clone()
     }
 
     /// How long one host may take to connect and answer.
@@ -149,20 +126,12 @@ impl Hosts {
         let n = self.options.len();
         let mut last = None;
         for _ in 0..n {
-            let i = self.current.load(Ordering::Relaxed) % n;
             // Moves the starting point past this host unless it answers as
             // the primary, also when the caller's own deadline drops this
             // future mid-attempt after the host had time to answer (a
             // black-holed host would otherwise stay first for ever).
-            let mut step = StepPast {
-                current: &self.current,
-                from: i,
-                n,
-                armed: true,
-                failed: false,
-                started: tokio::time::Instant::now(),
-                patience: self.patience,
-            };
+            let step = self.cursor.attempt();
+            let i = step.host();
             let attempt = async {
                 let mut conn = tweak(self.options[i].clone()).connect().await?;
                 let standby = !is_writable(&mut conn).await?;
@@ -170,8 +139,7 @@ impl Hosts {
             };
             match tokio::time::timeout(self.connect_timeout, attempt).await {
                 Ok(Ok((conn, false))) => {
-                    step.armed = false;
-                    self.current.store(i, Ordering::Relaxed);
+                    step.succeeded();
                     return Ok(conn);
                 }
                 Ok(Ok((_, true))) => {
@@ -194,39 +162,9 @@ impl Hosts {
                     )));
                 }
             }
-            step.failed = true;
-            drop(step);
+            step.failed();
         }
         Err(last.unwrap_or(sqlx::Error::PoolClosed))
-    }
-}
-
-/// Moves `current` from `from` to the next host when dropped armed, after
-/// the host failed or had half its `patience` to answer.
-struct StepPast<'a> {
-    current: &'a AtomicUsize,
-    from: usize,
-    n: usize,
-    armed: bool,
-    failed: bool,
-    started: tokio::time::Instant,
-    patience: Duration,
-}
-
-impl Drop for StepPast<'_> {
-    fn drop(&mut self) {
-        // Cut short by the caller: step past only a host that had long
-        // enough to answer (a good host whose turn came as the caller's
-        // deadline ran out keeps its place).
-        let gave_up_on_it = self.failed || self.started.elapsed() >= self.patience / 2;
-        if self.armed && gave_up_on_it {
-            let _ = self.current.compare_exchange(
-                self.from,
-                (self.from + 1) % self.n,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            );
-        }
     }
 }
 
