@@ -163,6 +163,7 @@ pub use crate::observe::ObserveHook;
 pub use crate::provider::acquire_in_key_order;
 pub use crate::queue::{MAX_TICKET_TTL, Place, Ticket, WaitQueue};
 pub use crate::session_store::SessionStore;
+pub use crate::sql_names::validate_sql_identifier;
 pub use crate::time::{deadline_after, deadline_in};
 pub use crate::watch::{KeyWatch, MAX_BLIND_WAIT, NotifyWatch, ReadyWatch, SleepWatch};
 

@@ -166,6 +166,7 @@ mod session_renew;
 mod session_state;
 mod session_store;
 mod set_guard;
+mod sql_names;
 mod time;
 mod wait;
 mod watch;

@@ -10,18 +10,7 @@ use lease_api::LeaseError;
 /// 64 bytes (MySQL's limit). Quoted in SQL anyway; this keeps names sane and
 /// keeps anything that could close the quote out.
 pub(crate) fn validate_identifier(what: &str, name: &str) -> Result<(), LeaseError> {
-    let mut chars = name.chars();
-    let ok_first = chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
-    let ok_rest = chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if ok_first && ok_rest && name.len() <= 64 {
-        Ok(())
-    } else {
-        Err(LeaseError::Config(format!(
-            "invalid {what} {name:?}: use 1-64 ASCII letters, digits and underscores, not starting with a digit"
-        )))
-    }
+    lease_api::backend::validate_sql_identifier(what, name, 64)
 }
 
 #[derive(Debug)]

@@ -5,18 +5,7 @@ use lease_api::LeaseError;
 /// Checks an identifier: a letter or `_`, then letters, digits or `_`, at most
 /// 63 bytes (PostgreSQL's limit). Quoted in SQL anyway; this keeps names sane.
 pub(crate) fn validate_identifier(what: &str, name: &str) -> Result<(), LeaseError> {
-    let mut chars = name.chars();
-    let ok_first = chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
-    let ok_rest = chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if ok_first && ok_rest && name.len() <= 63 {
-        Ok(())
-    } else {
-        Err(LeaseError::Config(format!(
-            "invalid {what} {name:?}: use 1-63 ASCII letters, digits and underscores, not starting with a digit"
-        )))
-    }
+    lease_api::backend::validate_sql_identifier(what, name, 63)
 }
 
 #[derive(Debug)]
