@@ -33,6 +33,123 @@ pub enum Completion {
     Mark,
 }
 
+/// Which table holds the jobs, which rows are eligible, and in which order
+/// they are claimed: the configuration of a SQL adapter's job queue
+/// (`lease_postgres::JobQueue`, `lease_mysql::JobQueue`).
+///
+/// `filter` and `order` are SQL written by you, pasted into the statement:
+/// never build them from your users' input. Compare times with the
+/// database clock the claims use (`clock_timestamp()` on PostgreSQL,
+/// `UTC_TIMESTAMP(6)` on MySQL).
+///
+/// ```
+/// use std::time::Duration;
+/// use lease_api::claims::{Completion, QueueConfig};
+///
+/// let config = QueueConfig::new("payouts")
+///     .filter("status = 'ready'")
+///     .visibility(Duration::from_secs(60))
+///     .completion(Completion::Mark);
+/// assert_eq!(config.id_column, "id");
+/// ```
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct QueueConfig {
+    /// The schema of the job table: on PostgreSQL a schema (default
+    /// `public`), on MySQL a database (default: the URL's).
+    pub schema: Option<String>,
+    /// The job table.
+    pub table: String,
+    /// The table's integer key column. Default `id`.
+    pub id_column: String,
+    /// A boolean SQL expression over the row's columns that a row must meet
+    /// to be claimed, such as `queue = 'emails'`.
+    pub filter: Option<String>,
+    /// The `ORDER BY` list the next rows are chosen by, over unqualified
+    /// column names. Default: the key column.
+    pub order: Option<String>,
+    /// How long a claim keeps its rows from other workers unless extended:
+    /// after it, on the database clock, they can be claimed again.
+    /// Default 30 s.
+    pub visibility: Duration,
+    /// What completing a row does. Default [`Completion::Delete`].
+    pub completion: Completion,
+    /// Add the claim columns (and what the adapter needs beside them) on
+    /// first use. Default true; else run the queue's `migrate` yourself.
+    pub migrate: bool,
+}
+
+impl QueueConfig {
+    /// Jobs in `table` of the default schema, keyed by `id`, claimed in key
+    /// order.
+    pub fn new(table: impl Into<String>) -> Self {
+        QueueConfig {
+            schema: None,
+            table: table.into(),
+            id_column: "id".into(),
+            filter: None,
+            order: None,
+            visibility: Duration::from_secs(30),
+            completion: Completion::Delete,
+            migrate: true,
+        }
+    }
+
+    /// Sets the schema (on MySQL: the database).
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = Some(schema.into());
+        self
+    }
+
+    /// Sets the key column (an integer type).
+    pub fn id_column(mut self, column: impl Into<String>) -> Self {
+        self.id_column = column.into();
+        self
+    }
+
+    /// Claims only rows meeting `filter` (SQL).
+    pub fn filter(mut self, filter: impl Into<String>) -> Self {
+        self.filter = Some(filter.into());
+        self
+    }
+
+    /// Claims rows in this order (an SQL `ORDER BY` list).
+    pub fn order(mut self, order: impl Into<String>) -> Self {
+        self.order = Some(order.into());
+        self
+    }
+
+    /// Sets the visibility timeout.
+    pub fn visibility(mut self, visibility: Duration) -> Self {
+        self.visibility = visibility;
+        self
+    }
+
+    /// Sets what completing a row does.
+    pub fn completion(mut self, completion: Completion) -> Self {
+        self.completion = completion;
+        self
+    }
+
+    /// Adds the claim columns on first use (the default), or leaves it to
+    /// the queue's `migrate`.
+    pub fn migrate(mut self, migrate: bool) -> Self {
+        self.migrate = migrate;
+        self
+    }
+
+    /// Checks what does not depend on the database: a visibility above
+    /// zero and no blank filter or order (names are checked by the
+    /// adapter, by its own rules).
+    ///
+    /// # Errors
+    /// [`LeaseError::Config`] saying which.
+    pub fn validate(&self) -> Result<()> {
+        validate_visibility(self.visibility)?;
+        validate_queue_sql(self.filter.as_deref(), self.order.as_deref())
+    }
+}
+
 /// What completing, extending or releasing claimed rows did, row by row.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]

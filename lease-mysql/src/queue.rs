@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use lease_api::backend::OwnerId;
-pub use lease_api::claims::{Completion, Outcome};
-use lease_api::claims::{validate_queue_sql, validate_visibility};
+use lease_api::claims::validate_visibility;
+pub use lease_api::claims::{Completion, Outcome, QueueConfig};
 use lease_api::{FencingToken, LeaseError, Result};
 use sqlx::mysql::{MySql, MySqlRow};
 use sqlx::{Row, Transaction};
@@ -17,99 +17,6 @@ use crate::counter::{Counter, counter_table};
 use crate::error::tolerate_existing;
 use crate::provider::micros;
 use crate::sql::validate_identifier;
-
-/// Which table holds the jobs, which rows are eligible, and in which order
-/// they are claimed.
-///
-/// `filter` and `order` are SQL written by you, pasted into the statement:
-/// never build them from your users' input. Compare times with
-/// `UTC_TIMESTAMP(6)`, the clock the claims use.
-#[derive(Clone, Debug)]
-#[non_exhaustive]
-pub struct QueueConfig {
-    /// The database of the job table. Default: the URL's.
-    pub database: Option<String>,
-    /// The job table (at most 52 bytes: the token counter's table is named
-    /// after it).
-    pub table: String,
-    /// The table's integer key column. Default `id`.
-    pub id_column: String,
-    /// A boolean SQL expression over the row's columns that a row must meet
-    /// to be claimed, such as `queue = 'emails' AND run_at <= UTC_TIMESTAMP(6)`.
-    pub filter: Option<String>,
-    /// The `ORDER BY` list the next rows are chosen by, over unqualified
-    /// column names. Default: the key column.
-    pub order: Option<String>,
-    /// How long a claim keeps its rows from other workers unless extended:
-    /// after it, on the database clock, they can be claimed again.
-    /// Default 30 s.
-    pub visibility: Duration,
-    /// What completing a row does. Default [`Completion::Delete`].
-    pub completion: Completion,
-    /// Add the claim columns, the index and the token counter on first
-    /// use. Default true; else run [`JobQueue::migrate`] yourself.
-    pub migrate: bool,
-}
-
-impl QueueConfig {
-    /// Jobs in `<table>` of the URL's database, keyed by `id`, claimed in
-    /// key order.
-    pub fn new(table: impl Into<String>) -> Self {
-        QueueConfig {
-            database: None,
-            table: table.into(),
-            id_column: "id".into(),
-            filter: None,
-            order: None,
-            visibility: Duration::from_secs(30),
-            completion: Completion::Delete,
-            migrate: true,
-        }
-    }
-
-    /// Sets the database.
-    pub fn database(mut self, database: impl Into<String>) -> Self {
-        self.database = Some(database.into());
-        self
-    }
-
-    /// Sets the key column (an integer type).
-    pub fn id_column(mut self, column: impl Into<String>) -> Self {
-        self.id_column = column.into();
-        self
-    }
-
-    /// Claims only rows meeting `filter` (SQL).
-    pub fn filter(mut self, filter: impl Into<String>) -> Self {
-        self.filter = Some(filter.into());
-        self
-    }
-
-    /// Claims rows in this order (an SQL `ORDER BY` list).
-    pub fn order(mut self, order: impl Into<String>) -> Self {
-        self.order = Some(order.into());
-        self
-    }
-
-    /// Sets the visibility timeout.
-    pub fn visibility(mut self, visibility: Duration) -> Self {
-        self.visibility = visibility;
-        self
-    }
-
-    /// Sets what completing a row does.
-    pub fn completion(mut self, completion: Completion) -> Self {
-        self.completion = completion;
-        self
-    }
-
-    /// Adds the claim columns on first use (the default), or leaves it to
-    /// [`JobQueue::migrate`].
-    pub fn migrate(mut self, migrate: bool) -> Self {
-        self.migrate = migrate;
-        self
-    }
-}
 
 /// Rows claimed together by one [`JobQueue::claim_next`]: one owner, one
 /// fencing token, one visibility deadline.
@@ -276,15 +183,14 @@ impl JobQueue {
     /// name, a table name over 52 bytes, a zero visibility or an empty
     /// filter or order.
     pub fn new(provider: &MysqlProvider, config: QueueConfig) -> Result<Self> {
-        if let Some(db) = &config.database {
+        if let Some(db) = &config.schema {
             validate_identifier("database", db)?;
         }
         validate_identifier("table", &config.table)?;
         validate_identifier("column", &config.id_column)?;
-        validate_visibility(config.visibility)?;
-        validate_queue_sql(config.filter.as_deref(), config.order.as_deref())?;
-        let counter = counter_table(config.database.as_deref(), &config.table)?;
-        let table = match &config.database {
+        config.validate()?;
+        let counter = counter_table(config.schema.as_deref(), &config.table)?;
+        let table = match &config.schema {
             Some(db) => format!("`{db}`.`{}`", config.table),
             None => format!("`{}`", config.table),
         };
@@ -331,7 +237,7 @@ impl JobQueue {
                        FROM information_schema.COLUMNS
                       WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?",
                 )
-                .bind(&self.config.database)
+                .bind(&self.config.schema)
                 .bind(&self.config.table)
                 .fetch_all(&mut conn)
                 .await?;
@@ -383,7 +289,7 @@ impl JobQueue {
               WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?
                 AND INDEX_NAME = 'lease_pending' LIMIT 1",
         )
-        .bind(&self.config.database)
+        .bind(&self.config.schema)
         .bind(&self.config.table)
         .fetch_optional(&mut *conn)
         .await?;

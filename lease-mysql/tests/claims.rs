@@ -578,7 +578,7 @@ async fn bad_queue_settings_are_refused_with_reasons() {
     for (config, what) in [
         (QueueConfig::new("jobs; DROP TABLE x"), "invalid table"),
         (QueueConfig::new("jobs").id_column("id`"), "invalid column"),
-        (QueueConfig::new("jobs").database("a`b"), "invalid database"),
+        (QueueConfig::new("jobs").schema("a`b"), "invalid database"),
         (QueueConfig::new("t".repeat(53)), "52 bytes"),
         (
             QueueConfig::new("jobs").visibility(Duration::ZERO),

@@ -13,97 +13,7 @@ use crate::PostgresProvider;
 use crate::provider::micros;
 use crate::sql::validate_identifier;
 
-pub use lease_api::claims::{Completion, Outcome};
-
-/// Which table holds the jobs, which rows are eligible, and in which order
-/// they are claimed.
-///
-/// `filter` and `order` are SQL written by you, pasted into the statement:
-/// never build them from your users' input.
-#[derive(Clone, Debug)]
-#[non_exhaustive]
-pub struct QueueConfig {
-    /// The schema of the job table. Default `public`.
-    pub schema: String,
-    /// The job table.
-    pub table: String,
-    /// The table's `bigint` key column. Default `id`.
-    pub id_column: String,
-    /// A boolean SQL expression over the row's columns that a row must meet
-    /// to be claimed, such as `queue = 'emails' AND run_at <= now()`.
-    pub filter: Option<String>,
-    /// The `ORDER BY` list the next rows are chosen by, over unqualified
-    /// column names. Default: the key column.
-    pub order: Option<String>,
-    /// How long a claim keeps its rows from other workers unless extended:
-    /// after it, on the database clock, they can be claimed again.
-    /// Default 30 s.
-    pub visibility: Duration,
-    /// What completing a row does. Default [`Completion::Delete`].
-    pub completion: Completion,
-    /// Add the claim columns, the token sequence and the pending-row index
-    /// on first use. Default true; else run [`JobQueue::migrate`] yourself.
-    pub migrate: bool,
-}
-
-impl QueueConfig {
-    /// Jobs in `public.<table>`, keyed by `id`, claimed in key order.
-    pub fn new(table: impl Into<String>) -> Self {
-        QueueConfig {
-            schema: "public".into(),
-            table: table.into(),
-            id_column: "id".into(),
-            filter: None,
-            order: None,
-            visibility: Duration::from_secs(30),
-            completion: Completion::Delete,
-            migrate: true,
-        }
-    }
-
-    /// Sets the schema.
-    pub fn schema(mut self, schema: impl Into<String>) -> Self {
-        self.schema = schema.into();
-        self
-    }
-
-    /// Sets the key column (a `bigint`).
-    pub fn id_column(mut self, column: impl Into<String>) -> Self {
-        self.id_column = column.into();
-        self
-    }
-
-    /// Claims only rows meeting `filter` (SQL).
-    pub fn filter(mut self, filter: impl Into<String>) -> Self {
-        self.filter = Some(filter.into());
-        self
-    }
-
-    /// Claims rows in this order (an SQL `ORDER BY` list).
-    pub fn order(mut self, order: impl Into<String>) -> Self {
-        self.order = Some(order.into());
-        self
-    }
-
-    /// Sets the visibility timeout.
-    pub fn visibility(mut self, visibility: Duration) -> Self {
-        self.visibility = visibility;
-        self
-    }
-
-    /// Sets what completing a row does.
-    pub fn completion(mut self, completion: Completion) -> Self {
-        self.completion = completion;
-        self
-    }
-
-    /// Adds the claim columns on first use (the default), or leaves it to
-    /// [`JobQueue::migrate`].
-    pub fn migrate(mut self, migrate: bool) -> Self {
-        self.migrate = migrate;
-        self
-    }
-}
+pub use lease_api::claims::{Completion, Outcome, QueueConfig};
 
 /// Rows claimed together by one [`JobQueue::claim_next`]: one owner, one
 /// fencing token, one visibility deadline.
@@ -226,15 +136,15 @@ impl JobQueue {
     /// [`LeaseError::Config`] for a malformed schema, table or column name,
     /// a zero visibility or an empty filter or order.
     pub fn new(provider: &PostgresProvider, config: QueueConfig) -> Result<Self> {
-        validate_identifier("schema", &config.schema)?;
+        let schema = config.schema.as_deref().unwrap_or("public");
+        validate_identifier("schema", schema)?;
         validate_identifier("table", &config.table)?;
         validate_identifier("column", &config.id_column)?;
-        lease_api::claims::validate_visibility(config.visibility)?;
-        lease_api::claims::validate_queue_sql(config.filter.as_deref(), config.order.as_deref())?;
-        let t = format!("\"{}\".\"{}\"", config.schema, config.table);
+        config.validate()?;
+        let t = format!("\"{schema}\".\"{}\"", config.table);
         let id = format!("\"{}\"", config.id_column);
         let seq_name = format!("{}_lease_token", config.table);
-        let seq = format!("\"{}\".\"{seq_name}\"", config.schema);
+        let seq = format!("\"{schema}\".\"{seq_name}\"");
         let filter = config.filter.as_deref().unwrap_or("true");
         let order = config.order.clone().unwrap_or_else(|| id.clone());
         let index = format!("\"{}_lease_pending\"", config.table);
