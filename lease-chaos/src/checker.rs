@@ -21,6 +21,36 @@ use serde::{Deserialize, Serialize};
 
 use crate::history::{Event, Fault, GrantId, Role, SinkRecord, WriteOutcome};
 
+/// What kind of safety incident an [`Incident`] is: each is counted in
+/// [`Counts`] too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum IncidentKind {
+    /// Two workers held a valid lease at once (not explained by a wall
+    /// clock step).
+    Overlap,
+    /// A grant's token was not above an earlier grant's.
+    Regression,
+    /// The sink admitted a write of a grant older than one it had accepted.
+    StaleAdmitted,
+    /// The sink accepted one token from two grants.
+    DuplicatedRound,
+    /// A valid holder's write was refused.
+    LostRound,
+}
+
+/// One safety incident and when it happened (the later grant's return for
+/// an overlap, its call for a regression, the sink's receipt for a write):
+/// what lets a verdict excuse only the incidents inside a declared fault's
+/// time window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Incident {
+    /// What happened.
+    pub kind: IncidentKind,
+    /// When, in the history's nanoseconds.
+    pub at: u64,
+}
+
 /// What the checker counted in one run.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Counts {
@@ -84,6 +114,16 @@ pub struct Counts {
     /// Of the writes, reads by readers (checked by their writer epoch).
     #[serde(default)]
     pub reads: u64,
+    /// Every overlap (outside wall clock steps), regression, stale
+    /// admission, duplicated and lost round, with its time.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub incidents: Vec<Incident>,
+}
+
+impl Counts {
+    fn incident(&mut self, kind: IncidentKind, at: u64) {
+        self.incidents.push(Incident { kind, at });
+    }
 }
 
 struct GrantView {
@@ -239,6 +279,8 @@ pub fn check(
             c.validity_overlap_ms += ms(a.valid_end - b.ok);
             if crate::clock::forward_steps_ns(faults, a.ok, b.ok) >= a.valid_end - b.ok {
                 c.validity_overlaps_in_wall_steps += 1;
+            } else {
+                c.incident(IncidentKind::Overlap, b.ok);
             }
         }
     }
@@ -263,6 +305,7 @@ pub fn check(
         };
         if regressed {
             c.token_regressions += 1;
+            c.incident(IncidentKind::Regression, b.invoke);
         }
     }
 
@@ -289,6 +332,7 @@ pub fn check(
             // delayed past its validity by a pause is no lost round).
             if r.valid_at_send && r.recv < r.valid_until {
                 c.lost_rounds += 1;
+                c.incident(IncidentKind::LostRound, r.recv);
             }
             continue;
         }
@@ -304,6 +348,7 @@ pub fn check(
         };
         if g.ok < written {
             c.stale_admitted += 1;
+            c.incident(IncidentKind::StaleAdmitted, r.recv);
         }
         if g.ok < granted {
             c.late_admitted += 1;
@@ -316,6 +361,7 @@ pub fn check(
             Some(owner) if *owner != r.id => {
                 if dup_tokens.insert(r.token, ()).is_none() {
                     c.duplicated_rounds += 1;
+                    c.incident(IncidentKind::DuplicatedRound, r.recv);
                 }
             }
             Some(_) => {}
@@ -534,6 +580,23 @@ mod tests {
         let c = check(&events, &sink, &[], 0, 100 * MS);
         assert_eq!(c.token_regressions, 2, "b and c2 both got tokens below a's");
         assert_eq!(c.lost_rounds, 1);
+        let at = |kind| {
+            c.incidents
+                .iter()
+                .filter(|i| i.kind == kind)
+                .map(|i| i.at)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            at(IncidentKind::Regression),
+            [10 * MS, 20 * MS],
+            "by the grants' calls"
+        );
+        assert_eq!(
+            at(IncidentKind::LostRound),
+            [12 * MS],
+            "by the sink's receipt"
+        );
     }
 
     /// A worker paused between the acquire's return and its log line logs
@@ -599,6 +662,14 @@ mod tests {
         assert_eq!(c.validity_overlaps, 1);
         assert!((c.validity_overlap_ms - 40.0).abs() < 1e-9);
         assert_eq!(c.unsafe_windows, 1);
+        // Dated by the later grant's return, for the verdict's windows.
+        assert_eq!(
+            c.incidents,
+            [Incident {
+                kind: IncidentKind::Overlap,
+                at: 50 * MS
+            }]
+        );
     }
 
     /// An overlap is put down to the wall clock only when it stepped forward,

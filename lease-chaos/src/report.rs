@@ -5,8 +5,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::checker::Counts;
+use crate::checker::{Counts, IncidentKind};
 use crate::faults::FaultKind;
+use crate::history::Fault;
 
 /// The outcome of one run.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -117,29 +118,103 @@ impl Report {
     }
 }
 
+/// A fault whose consequences the capabilities declare, and the time window
+/// in which they may show: from the fault's start to its heal plus `grace`.
+struct Excuse {
+    from: u64,
+    until: u64,
+    /// Whether it excuses overlaps and lost rounds only (a wall clock jump),
+    /// not token regressions or admissions.
+    clock_only: bool,
+    why: String,
+}
+
+/// The faults of `faults` whose consequences `caps` declares: a wall clock
+/// jump where expiry follows one, a wiped node where tokens are not
+/// durable, a lost leader where a failover may repeat tokens.
+fn excuses(caps: &leases::Capabilities, faults: &[Fault], grace: u64) -> Vec<Excuse> {
+    let may_repeat = caps
+        .failover
+        .as_ref()
+        .is_some_and(|f| matches!(f.tokens, leases::FailoverTokens::MayRepeat(_)));
+    faults
+        .iter()
+        .filter_map(|f| {
+            let (clock_only, why) = if f.kind == FaultKind::ClockJump.name()
+                && caps.expiry_clock.follows_wall_clock()
+            {
+                (
+                    true,
+                    format!(
+                        "expiry follows a wall clock ({:?}) and one jumped",
+                        caps.expiry_clock
+                    ),
+                )
+            } else if f.kind == FaultKind::NodeWipe.name() && !caps.durable_tokens.is_durable() {
+                (
+                    false,
+                    format!("tokens are not durable ({:?})", caps.durable_tokens),
+                )
+            } else if (f.kind == FaultKind::LeaderKill.name()
+                || f.kind == FaultKind::LeaderPause.name())
+                && may_repeat
+            {
+                (
+                    false,
+                    format!(
+                        "the leader was lost and a failover may reissue tokens ({:?})",
+                        caps.failover.as_ref().map(|f| &f.tokens)
+                    ),
+                )
+            } else {
+                return None;
+            };
+            Some(Excuse {
+                from: f.start,
+                until: f.end.saturating_add(grace),
+                clock_only,
+                why,
+            })
+        })
+        .collect()
+}
+
 /// Sorts what the checker counted into violations and declared behaviour.
+///
+/// An incident is declared only when it happened inside the time window of
+/// a fault whose consequences the capabilities declare (`grace` after the
+/// fault's heal: leases granted before it may still be valid, their
+/// successors come after the failover, and late writes after that); the
+/// same incident outside every such window is a violation.
 pub(crate) fn judge(
     counts: &Counts,
     caps: &leases::Capabilities,
-    injected: &BTreeMap<String, u64>,
+    faults: &[Fault],
+    grace: u64,
     fenced: bool,
 ) -> (Vec<String>, Vec<String>) {
-    let jumped = injected.contains_key(FaultKind::ClockJump.name())
-        && caps.expiry_clock.follows_wall_clock();
-    let wiped =
-        injected.contains_key(FaultKind::NodeWipe.name()) && !caps.durable_tokens.is_durable();
-    // A leader lost where the capabilities say a failover may hand a token
-    // out again (a Redis replica promoted without the last writes).
-    let reissued = (injected.contains_key(FaultKind::LeaderKill.name())
-        || injected.contains_key(FaultKind::LeaderPause.name()))
-        && caps
-            .failover
-            .as_ref()
-            .is_some_and(|f| matches!(f.tokens, leases::FailoverTokens::MayRepeat(_)));
-    let wiped_or_reissued = wiped || reissued;
-    let mut found = Vec::new();
+    let excuses = excuses(caps, faults, grace);
+    // How many incidents of `kind` fall in a window that excuses them, and
+    // the first reason.
+    let excused = |kind: IncidentKind| {
+        let mut n = 0u64;
+        let mut why = None;
+        for i in counts.incidents.iter().filter(|i| i.kind == kind) {
+            let clock_may = matches!(kind, IncidentKind::Overlap | IncidentKind::LostRound);
+            if let Some(e) = excuses
+                .iter()
+                .find(|e| (e.from..=e.until).contains(&i.at) && (clock_may || !e.clock_only))
+            {
+                n += 1;
+                why.get_or_insert_with(|| e.why.clone());
+            }
+        }
+        (n, why.unwrap_or_default())
+    };
+    let mut violations = Vec::new();
+    let mut declared = Vec::new();
     if counts.grants == 0 {
-        found.push(("no lease was ever granted".to_string(), false));
+        violations.push("no lease was ever granted".to_string());
     }
     // Overlaps the host's wall clock explains (it stepped forward between
     // the two grants by at least the overlap) are what a backend whose
@@ -149,7 +224,6 @@ pub(crate) fn judge(
     } else {
         0
     };
-    let mut declared = Vec::new();
     if stepped > 0 {
         declared.push(format!(
             "{stepped} times two workers held a lease they were entitled to trust at once: \
@@ -158,91 +232,82 @@ pub(crate) fn judge(
             caps.expiry_clock
         ));
     }
-    if counts.validity_overlaps > stepped {
-        found.push((
-            format!(
-                "{} times two workers held a lease they were entitled to trust at once ({:.0} ms)",
-                counts.validity_overlaps - stepped,
-                counts.validity_overlap_ms
-            ),
-            jumped || wiped_or_reissued,
-        ));
-    }
-    if counts.token_regressions > 0 {
-        found.push((
-            format!(
-                "{} grants got a token not greater than an earlier grant's",
-                counts.token_regressions
-            ),
-            wiped_or_reissued,
-        ));
-    }
-    if fenced && counts.stale_admitted > 0 {
-        found.push((
-            format!(
-                "the fenced sink admitted {} stale writes",
-                counts.stale_admitted
-            ),
-            wiped_or_reissued,
-        ));
-    }
-    if fenced && counts.duplicated_rounds > 0 {
-        found.push((
-            format!(
-                "{} tokens were accepted from two grants",
-                counts.duplicated_rounds
-            ),
-            wiped_or_reissued,
-        ));
-    }
-    if fenced && counts.ack_mismatches > 0 {
-        found.push((
-            format!(
-                "{} acknowledged writes are missing from the sink",
-                counts.ack_mismatches
-            ),
-            false,
-        ));
-    }
-    if counts.lost_rounds > 0 {
-        // A holder whose validity was cut short writes after its successor.
-        found.push((
-            format!(
-                "{} writes of a valid holder were refused",
-                counts.lost_rounds
-            ),
-            jumped || wiped_or_reissued,
-        ));
-    }
-    let why = match (jumped, wiped, reissued) {
-        (true, _, _) => format!(
-            "expiry follows a wall clock ({:?}) and one jumped",
-            caps.expiry_clock
-        ),
-        (_, true, _) => format!("tokens are not durable ({:?})", caps.durable_tokens),
-        (_, _, true) => format!(
-            "the leader was lost and a failover may reissue tokens ({:?})",
-            caps.failover.as_ref().map(|f| &f.tokens)
-        ),
-        _ => String::new(),
-    };
-    let mut violations = Vec::new();
-    for (text, excused) in found {
-        if excused {
-            declared.push(format!("{text}: declared, {why}"));
-        } else {
-            violations.push(text);
+    let mut sort = |total: u64, kind: Option<IncidentKind>, text: &dyn Fn(u64) -> String| {
+        if total == 0 {
+            return;
         }
+        let (n, why) = kind.map_or((0, String::new()), excused);
+        let n = n.min(total);
+        if n > 0 {
+            declared.push(format!("{}: declared, {why}", text(n)));
+        }
+        if total > n {
+            violations.push(text(total - n));
+        }
+    };
+    let overlap_ms = counts.validity_overlap_ms;
+    sort(
+        counts.validity_overlaps.saturating_sub(stepped),
+        Some(IncidentKind::Overlap),
+        &|n| {
+            format!(
+                "{n} times two workers held a lease they were entitled to trust at once ({overlap_ms:.0} ms in all)"
+            )
+        },
+    );
+    sort(
+        counts.token_regressions,
+        Some(IncidentKind::Regression),
+        &|n| format!("{n} grants got a token not greater than an earlier grant's"),
+    );
+    if fenced {
+        sort(
+            counts.stale_admitted,
+            Some(IncidentKind::StaleAdmitted),
+            &|n| format!("the fenced sink admitted {n} stale writes"),
+        );
+        sort(
+            counts.duplicated_rounds,
+            Some(IncidentKind::DuplicatedRound),
+            &|n| format!("{n} tokens were accepted from two grants"),
+        );
+        sort(counts.ack_mismatches, None, &|n| {
+            format!("{n} acknowledged writes are missing from the sink")
+        });
     }
+    // A holder whose validity was cut short writes after its successor.
+    sort(counts.lost_rounds, Some(IncidentKind::LostRound), &|n| {
+        format!("{n} writes of a valid holder were refused")
+    });
     (violations, declared)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checker::Incident;
 
-    /// Token regressions after a lost leader are declared only where the
-    /// failover declaration says tokens may repeat.
+    const S: u64 = 1_000_000_000;
+
+    fn caps(clock: leases::ExpiryClock) -> leases::Capabilities {
+        leases::Capabilities::new("x", clock, leases::Notifications::TimedRetryOnly)
+    }
+
+    fn fault(kind: FaultKind, start: u64, end: u64) -> Fault {
+        Fault {
+            kind: kind.name().to_string(),
+            victim: None,
+            start,
+            end,
+            note: String::new(),
+            wall_step_ns: None,
+        }
+    }
+
+    fn incidents(kind: IncidentKind, at: &[u64]) -> Vec<Incident> {
+        at.iter().map(|&at| Incident { kind, at }).collect()
+    }
+
     /// Overlaps inside a forward step of the host's wall clock are declared
     /// only for a backend whose expiry follows a wall clock; the others stay
     /// violations.
@@ -255,13 +320,11 @@ mod tests {
             validity_overlaps_in_wall_steps: 1,
             ..Counts::default()
         };
-        let caps =
-            |clock| leases::Capabilities::new("x", clock, leases::Notifications::TimedRetryOnly);
-        let none = BTreeMap::new();
         let (violations, declared) = judge(
             &counts,
             &caps(leases::ExpiryClock::StoreServer),
-            &none,
+            &[],
+            0,
             true,
         );
         assert_eq!(violations.len(), 1, "{violations:?}");
@@ -270,7 +333,8 @@ mod tests {
         let (violations, declared) = judge(
             &counts,
             &caps(leases::ExpiryClock::ConsensusLeader),
-            &none,
+            &[],
+            0,
             true,
         );
         assert!(violations[0].starts_with("2 times"), "{violations:?}");
@@ -282,40 +346,89 @@ mod tests {
         let (violations, _) = judge(
             &all_stepped,
             &caps(leases::ExpiryClock::StoreServer),
-            &none,
+            &[],
+            0,
             true,
         );
         assert!(violations.is_empty(), "{violations:?}");
     }
 
+    /// Token regressions after a lost leader are declared only where the
+    /// failover declaration says tokens may repeat, and only inside the
+    /// fault's window (its heal plus the grace): the same regression a
+    /// minute later is a violation.
     #[test]
-    fn regressions_after_a_leader_fault_are_declared_only_for_may_repeat() {
+    fn regressions_after_a_leader_fault_are_declared_only_for_may_repeat_and_in_its_window() {
         let counts = Counts {
             grants: 10,
             token_regressions: 3,
+            incidents: incidents(IncidentKind::Regression, &[2 * S, 3 * S, 4 * S]),
             ..Counts::default()
         };
-        let injected: BTreeMap<String, u64> = [("leader-pause".to_string(), 1)].into();
-        let caps = |tokens| {
-            leases::Capabilities::new(
-                "x",
-                leases::ExpiryClock::StoreServer,
-                leases::Notifications::TimedRetryOnly,
-            )
-            .with_failover(Some(leases::Failover::new(
+        let paused = [fault(FaultKind::LeaderPause, S, 2 * S)];
+        let with = |tokens| {
+            caps(leases::ExpiryClock::StoreServer).with_failover(Some(leases::Failover::new(
                 tokens,
                 true,
                 std::time::Duration::from_secs(5),
             )))
         };
-        let may = caps(leases::FailoverTokens::MayRepeat("m".into()));
-        let (violations, declared) = judge(&counts, &may, &injected, true);
+        let may = with(leases::FailoverTokens::MayRepeat("m".into()));
+        let (violations, declared) = judge(&counts, &may, &paused, 3 * S, true);
         assert!(violations.is_empty(), "{violations:?}");
         assert_eq!(declared.len(), 1, "{declared:?}");
-        let inc = caps(leases::FailoverTokens::Increasing("i".into()));
-        let (violations, _) = judge(&counts, &inc, &injected, true);
+        assert!(declared[0].starts_with("3 grants"), "{declared:?}");
+        let inc = with(leases::FailoverTokens::Increasing("i".into()));
+        let (violations, _) = judge(&counts, &inc, &paused, 3 * S, true);
         assert_eq!(violations.len(), 1, "{violations:?}");
-        let (violations, _) = judge(&counts, &may, &BTreeMap::new(), true);
+        let (violations, _) = judge(&counts, &may, &[], 3 * S, true);
         assert_eq!(violations.len(), 1, "no leader fault: {violations:?}");
+        // A short grace: the regression at 4 s is past the window (2 s + 1 s).
+        let (violations, declared) = judge(&counts, &may, &paused, S, true);
+        assert_eq!(
+            violations,
+            ["1 grants got a token not greater than an earlier grant's"]
+        );
+        assert!(declared[0].starts_with("2 grants"), "{declared:?}");
+    }
+
+    /// An overlap is declared only inside the window of a fault that excuses
+    /// it: before the fault, or long after its heal, it is the backend's. A
+    /// wall clock jump excuses overlaps but never a token going back.
+    #[test]
+    fn only_incidents_inside_a_declared_faults_window_are_excused() {
+        let mut incidents_all = incidents(IncidentKind::Overlap, &[S / 2, 11 * S, 30 * S]);
+        incidents_all.extend(incidents(IncidentKind::Regression, &[11 * S]));
+        let counts = Counts {
+            grants: 10,
+            validity_overlaps: 3,
+            validity_overlap_ms: 90.0,
+            token_regressions: 1,
+            incidents: incidents_all,
+            ..Counts::default()
+        };
+        let jumped = [fault(FaultKind::ClockJump, 10 * S, 12 * S)];
+        let (violations, declared) = judge(
+            &counts,
+            &caps(leases::ExpiryClock::StoreServer),
+            &jumped,
+            5 * S,
+            true,
+        );
+        assert_eq!(declared.len(), 1, "{declared:?}");
+        assert!(declared[0].starts_with("1 times"), "{declared:?}");
+        assert_eq!(violations.len(), 2, "{violations:?}");
+        assert!(violations[0].starts_with("2 times"), "{violations:?}");
+        assert!(violations[1].starts_with("1 grants"), "{violations:?}");
+        // A consensus clock does not follow the wall clock: nothing excused.
+        let (violations, declared) = judge(
+            &counts,
+            &caps(leases::ExpiryClock::ConsensusLeader),
+            &jumped,
+            5 * S,
+            true,
+        );
+        assert!(declared.is_empty(), "{declared:?}");
+        assert!(violations[0].starts_with("3 times"), "{violations:?}");
     }
 }
