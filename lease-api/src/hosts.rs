@@ -61,9 +61,16 @@ impl HostCursor {
 
     /// An attempt on the current host.
     pub fn attempt(&self) -> HostAttempt<'_> {
+        self.attempt_on(self.current())
+    }
+
+    /// An attempt on `host` (modulo the number of hosts): for a caller that
+    /// walks the hosts from where it started, whatever other attempts do
+    /// to the cursor meanwhile.
+    pub fn attempt_on(&self, host: usize) -> HostAttempt<'_> {
         HostAttempt {
             cursor: self,
-            host: self.current(),
+            host: host % self.n,
             started: Instant::now(),
             resolved: false,
         }

@@ -86,8 +86,10 @@ impl Hosts {
     ) -> std::result::Result<MySqlConnection, sqlx::Error> {
         let n = self.options.len();
         let mut last = None;
-        for _ in 0..n {
-            let step = self.cursor.attempt();
+        // Every host once, from the one that answered last.
+        let start = self.cursor.current();
+        for i in 0..n {
+            let step = self.cursor.attempt_on(start + i);
             let at = step.host();
             let attempt = async {
                 let mut conn = self.options[at].connect().await?;

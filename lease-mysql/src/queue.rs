@@ -154,7 +154,11 @@ pub const MIGRATION_LIMIT: Duration = Duration::from_secs(300);
 /// type (`tinyint` .. `bigint`).
 fn integer_key(columns: &[(String, String)], column: &str) -> bool {
     columns.iter().any(|(name, ty)| {
-        name.eq_ignore_ascii_case(column) && ty.to_ascii_lowercase().ends_with("int")
+        name.eq_ignore_ascii_case(column)
+            && matches!(
+                ty.to_ascii_lowercase().as_str(),
+                "tinyint" | "smallint" | "mediumint" | "int" | "integer" | "bigint"
+            )
     })
 }
 
@@ -283,17 +287,21 @@ impl JobQueue {
     }
 
     /// Whether the table has the index of pending rows.
+    /// Whether the table has the index of pending rows: `lease_pending` on
+    /// (`lease_done_at`, key), not only an index of that name.
     async fn has_index(&self, conn: &mut sqlx::MySqlConnection) -> Result<bool, sqlx::Error> {
-        let indexed: Option<i64> = sqlx::query_scalar(
-            "SELECT 1 FROM information_schema.STATISTICS
+        let columns: Vec<String> = sqlx::query_scalar(
+            "SELECT CAST(COLUMN_NAME AS CHAR) FROM information_schema.STATISTICS
               WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?
-                AND INDEX_NAME = 'lease_pending' LIMIT 1",
+                AND INDEX_NAME = 'lease_pending' ORDER BY SEQ_IN_INDEX",
         )
         .bind(&self.config.schema)
         .bind(&self.config.table)
-        .fetch_optional(&mut *conn)
+        .fetch_all(&mut *conn)
         .await?;
-        Ok(indexed.is_some())
+        Ok(columns.len() >= 2
+            && columns[0].eq_ignore_ascii_case("lease_done_at")
+            && columns[1].eq_ignore_ascii_case(&self.config.id_column))
     }
 
     /// Migrates on first use (unless told not to); whether the index of
@@ -433,15 +441,24 @@ impl JobQueue {
     ) -> Result<Vec<i64>, sqlx::Error> {
         let (t, id, order) = (&self.table, &self.id, &self.order);
         let mut picked = Vec::new();
-        let mut offset = 0usize;
+        // Keys already looked at, taken or not: left out of the next window
+        // (not skipped by an offset, which would count rows that others'
+        // commits have since made ineligible).
+        let mut seen: Vec<i64> = Vec::new();
         while picked.len() < limit {
             let want = limit - picked.len();
+            let unseen = if seen.is_empty() {
+                String::new()
+            } else {
+                format!(" AND {id} NOT IN ({})", id_list(&seen))
+            };
+            // The key breaks ties: the same rows in the same order each time.
             let window = ints(
                 &batch::rows(
                     conn,
                     &format!(
-                        "SELECT CAST({id} AS SIGNED) FROM {t} WHERE {eligible}
-                          ORDER BY {order} LIMIT {want} OFFSET {offset}"
+                        "SELECT CAST({id} AS SIGNED) FROM {t} WHERE {eligible}{unseen}
+                          ORDER BY {order}, {id} LIMIT {want}"
                     ),
                 )
                 .await?,
@@ -449,7 +466,7 @@ impl JobQueue {
             if window.is_empty() {
                 break;
             }
-            let locked = ints(
+            let locked: std::collections::HashSet<i64> = ints(
                 &batch::rows(
                     conn,
                     &format!(
@@ -459,8 +476,10 @@ impl JobQueue {
                     ),
                 )
                 .await?,
-            )?;
-            offset = offset.saturating_add(window.len());
+            )?
+            .into_iter()
+            .collect();
+            seen.extend(&window);
             picked.extend(window.into_iter().filter(|i| locked.contains(i)));
         }
         Ok(picked)
