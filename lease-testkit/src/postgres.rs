@@ -10,7 +10,7 @@ use crate::{OwnedProcess, Readiness, TempDir, TestCa, free_port, pg_bindir};
 /// Hands `dir` to the `postgres` user when running as root (the server
 /// programs refuse to run as root) and returns that user's uid and gid to
 /// run them as; `None` when not root.
-fn owned_by_postgres(dir: &Path) -> Option<(u32, u32)> {
+pub(crate) fn owned_by_postgres(dir: &Path) -> Option<(u32, u32)> {
     let run_as = postgres_user();
     if let Some((uid, gid)) = run_as {
         let _ = Command::new("chown")

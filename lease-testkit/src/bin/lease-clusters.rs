@@ -3,14 +3,15 @@
 //! stops them on SIGINT or SIGTERM. The test suites start their own.
 //!
 //! ```text
-//! lease-clusters [--env-file PATH] [etcd3] [zk3] [redlock5] [sentinel] [redis-cluster] [pg-ha]
+//! lease-clusters [--env-file PATH] [etcd3] [zk3] [redlock5] [sentinel] [redis-cluster] [pg-ha] [patroni]
 //! ```
 
 use std::io::Write as _;
 use std::time::Instant;
 
 use lease_testkit::cluster::{
-    EtcdCluster, PostgresHa, RedisCluster, RedisNodes, RedisSentinel, Topology, ZkEnsemble,
+    EtcdCluster, PatroniCluster, PostgresHa, RedisCluster, RedisNodes, RedisSentinel, Topology,
+    ZkEnsemble,
 };
 
 fn hosts(urls: &[String], scheme: &str) -> String {
@@ -43,12 +44,12 @@ async fn main() {
     while let Some(a) = args.next() {
         match a.as_str() {
             "--env-file" => env_file = args.next(),
-            "etcd3" | "zk3" | "redlock5" | "sentinel" | "redis-cluster" | "pg-ha" => {
+            "etcd3" | "zk3" | "redlock5" | "sentinel" | "redis-cluster" | "pg-ha" | "patroni" => {
                 wanted.push(a);
             }
             other => {
                 eprintln!(
-                    "lease-clusters: unknown argument {other:?}; usage: lease-clusters [--env-file PATH] [etcd3] [zk3] [redlock5] [sentinel] [redis-cluster] [pg-ha]"
+                    "lease-clusters: unknown argument {other:?}; usage: lease-clusters [--env-file PATH] [etcd3] [zk3] [redlock5] [sentinel] [redis-cluster] [pg-ha] [patroni]"
                 );
                 std::process::exit(2);
             }
@@ -62,6 +63,7 @@ async fn main() {
             "sentinel".into(),
             "redis-cluster".into(),
             "pg-ha".into(),
+            "patroni".into(),
         ];
     }
     let mut env = String::new();
@@ -95,6 +97,12 @@ async fn main() {
                 ));
                 describe(name, &h, started);
                 topologies.push(Box::new(h));
+            }
+            "patroni" => {
+                let c = PatroniCluster::start(2);
+                env.push_str(&format!("export LEASE_CLUSTER_PATRONI_URL={}\n", c.url()));
+                describe(name, &c, started);
+                topologies.push(Box::new(c));
             }
             "redis-cluster" => {
                 let c = RedisCluster::start(3, 1);

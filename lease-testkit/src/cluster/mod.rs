@@ -2,7 +2,7 @@
 //! free ports with its own data directory: an etcd cluster, a ZooKeeper
 //! ensemble, N independent Redis nodes for Redlock, a Redis primary with
 //! replicas under Sentinel, a PostgreSQL primary with a streaming standby,
-//! and a MariaDB Galera cluster. A test (or
+//! PostgreSQL members managed by Patroni, and a MariaDB Galera cluster. A test (or
 //! `scripts/clusters`) starts one, and may stop, kill -9, freeze, thaw and
 //! restart any member on its own data, and ask which member leads.
 //!
@@ -12,6 +12,7 @@
 mod etcd;
 mod galera;
 mod members;
+mod patroni;
 mod postgres;
 mod redis_cluster;
 mod redis_nodes;
@@ -21,6 +22,7 @@ mod zk;
 
 pub use etcd::EtcdCluster;
 pub use galera::{GALERA_PROVIDER, GaleraCluster};
+pub use patroni::{PATRONI_TTL_SECS, PatroniCluster, patroni_bin};
 pub use postgres::PostgresHa;
 pub use redis_cluster::{CLUSTER_NODE_TIMEOUT, RedisCluster};
 pub use redis_nodes::RedisNodes;

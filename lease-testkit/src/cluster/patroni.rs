@@ -1,0 +1,285 @@
+//! `PatroniCluster`: PostgreSQL members managed by Patroni, the failover
+//! agent most PostgreSQL HA deployments run, with its state in an etcd of
+//! the cluster's own and synchronous replication (`synchronous_mode`).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use super::members::{loopback_hosts, member_dir, psql};
+use super::topology::Topology;
+use crate::{OwnedProcess, Readiness, free_port, owned_etcd, pg_bindir};
+
+/// Patroni's leader key TTL, in seconds: the primary's lock in etcd lapses
+/// this long after its agent dies, and a standby may then take it.
+pub const PATRONI_TTL_SECS: u64 = 10;
+
+/// The `patroni` program: `LEASE_TEST_PATRONI`, which `scripts/stores env`
+/// points at the virtual environment `scripts/stores install` makes.
+///
+/// # Panics
+/// When the variable is not set: run the tests through `scripts/test`, or
+/// `eval "$(scripts/stores env)"` first.
+pub fn patroni_bin() -> PathBuf {
+    match std::env::var_os("LEASE_TEST_PATRONI") {
+        Some(p) if !p.is_empty() => PathBuf::from(p),
+        _ => panic!(
+            "LEASE_TEST_PATRONI is not set: `eval \"$(scripts/stores env)\"` (scripts/stores install makes Patroni's virtual environment)"
+        ),
+    }
+}
+
+/// PostgreSQL members managed by Patroni over an etcd of their own: one
+/// primary, the others streaming standbys, one of them synchronous
+/// (`synchronous_mode`: Patroni promotes only a standby that had every
+/// commit). When the primary's agent dies, its leader key lapses after
+/// [`PATRONI_TTL_SECS`] and a standby is promoted; a member started again
+/// rejoins as a standby (rewound with `pg_rewind` when it diverged).
+#[derive(Debug)]
+pub struct PatroniCluster {
+    members: Vec<OwnedProcess>,
+    /// Each member's data directory, for its postmaster's pid.
+    data: Vec<PathBuf>,
+    /// Each member's REST API port.
+    rest: Vec<u16>,
+    /// The etcd holding the cluster's state.
+    _etcd: OwnedProcess,
+}
+
+impl PatroniCluster {
+    /// Starts `n` members (the first bootstraps, the others clone it) and
+    /// waits until one leads and the others stream from it.
+    ///
+    /// # Panics
+    /// When a member cannot start or the cluster is not healthy in 120 s.
+    pub fn start(n: usize) -> Self {
+        let etcd = owned_etcd();
+        let patroni = patroni_bin();
+        let bindir = pg_bindir();
+        let scope = format!("lease-{}", free_port());
+        let mut members = Vec::new();
+        let mut data = Vec::new();
+        let mut rests = Vec::new();
+        for i in 0..n {
+            let dir = member_dir("patroni");
+            let (port, rest) = (free_port(), free_port());
+            let data_dir = dir.path().join("data");
+            let config = dir.path().join("patroni.yml");
+            std::fs::write(
+                &config,
+                format!(
+                    "scope: {scope}
+name: m{i}
+restapi:
+  listen: 127.0.0.1:{rest}
+  connect_address: 127.0.0.1:{rest}
+etcd3:
+  hosts: 127.0.0.1:{etcd_port}
+bootstrap:
+  dcs:
+    ttl: {PATRONI_TTL_SECS}
+    loop_wait: 1
+    retry_timeout: 4
+    maximum_lag_on_failover: 1048576
+    synchronous_mode: true
+    postgresql:
+      use_pg_rewind: true
+      parameters:
+        wal_log_hints: 'on'
+        fsync: 'on'
+  initdb:
+  - encoding: UTF8
+  pg_hba:
+  - host replication replicator 127.0.0.1/32 trust
+  - host all all 127.0.0.1/32 trust
+  - local all all trust
+postgresql:
+  listen: 127.0.0.1:{port}
+  connect_address: 127.0.0.1:{port}
+  data_dir: {data}
+  bin_dir: {bindir}
+  pgpass: {socket}/pgpass
+  authentication:
+    replication: {{username: replicator, password: replicator}}
+    superuser: {{username: postgres, password: postgres}}
+    rewind: {{username: rewinder, password: rewinder}}
+  parameters:
+    unix_socket_directories: {socket}
+",
+                    etcd_port = etcd.port(),
+                    data = data_dir.display(),
+                    bindir = bindir.display(),
+                    socket = dir.path().display(),
+                ),
+            )
+            .expect("write the Patroni configuration");
+            let run_as = crate::postgres::owned_by_postgres(dir.path());
+            let mut member = OwnedProcess {
+                name: format!("patroni-m{i}"),
+                program: patroni.clone(),
+                args: vec![config.display().to_string()],
+                port,
+                log: dir.path().join("patroni.log"),
+                child: None,
+                run_as: None,
+                stop_signal: "TERM",
+                readiness: Readiness::Listening,
+                dir,
+            }
+            .configured(run_as, "TERM");
+            // The first bootstraps alone; the others clone it.
+            member.start_again();
+            members.push(member);
+            data.push(data_dir);
+            rests.push(rest);
+        }
+        let cluster = PatroniCluster {
+            members,
+            data,
+            rest: rests,
+            _etcd: etcd,
+        };
+        cluster.wait_healthy(Duration::from_secs(120));
+        cluster
+    }
+
+    /// `postgres://postgres@127.0.0.1:P1,127.0.0.1:P2/postgres`: every
+    /// member.
+    pub fn url(&self) -> String {
+        format!(
+            "postgres://postgres@{}/postgres",
+            loopback_hosts(&self.members)
+        )
+    }
+
+    /// kill -9 of member `i`: its agent and its PostgreSQL (which runs in a
+    /// session of its own, so that an agent restart keeps it), as a host
+    /// dies.
+    pub fn kill(&mut self, i: usize) {
+        let postmaster = self.postmaster(i);
+        self.members[i].kill();
+        if let Some(pid) = postmaster {
+            let _ = std::process::Command::new("kill")
+                .args(["-9", &pid.to_string()])
+                .status();
+        }
+    }
+
+    /// The pid of member `i`'s postmaster, from its `postmaster.pid`.
+    fn postmaster(&self, i: usize) -> Option<u32> {
+        let text = std::fs::read_to_string(self.data[i].join("postmaster.pid")).ok()?;
+        text.lines().next()?.trim().parse().ok()
+    }
+
+    /// The HTTP status of `GET path` on member `i`'s REST API (Patroni's
+    /// health checks: `/primary`, `/sync`, `/replica`), if it answers.
+    pub fn rest_status(&self, i: usize, path: &str) -> Option<u16> {
+        use std::io::{Read, Write};
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.rest[i]));
+        let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+        let mut head = [0u8; 12];
+        s.read_exact(&mut head).ok()?;
+        std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
+    }
+
+    /// Starts a killed member again on its own data: it rejoins as a
+    /// standby.
+    ///
+    /// # Panics
+    /// When its agent does not start.
+    pub fn restart(&mut self, i: usize) {
+        self.members[i].start_again();
+    }
+
+    /// Whether member `i` runs and is a primary (not in recovery).
+    fn is_primary(&self, i: usize) -> bool {
+        self.members[i].is_running()
+            && psql(self.members[i].port(), "SELECT pg_is_in_recovery()").as_deref() == Some("f")
+    }
+
+    /// Waits until member `i` is a standby streaming from the primary.
+    ///
+    /// # Panics
+    /// When it is not within `limit`.
+    pub fn wait_streaming(&self, i: usize, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            let status = psql(
+                self.members[i].port(),
+                "SELECT status FROM pg_stat_wal_receiver",
+            );
+            if status.as_deref() == Some("streaming") {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "member {i} does not stream ({status:?}) after {limit:?}: {}",
+                self.members[i].log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for PatroniCluster {
+    fn drop(&mut self) {
+        // The postmasters run in sessions of their own: end them too.
+        for i in 0..self.members.len() {
+            if self.members[i].is_running() {
+                self.kill(i);
+            } else if let Some(pid) = self.postmaster(i) {
+                let _ = std::process::Command::new("kill")
+                    .args(["-9", &pid.to_string()])
+                    .status();
+            }
+        }
+    }
+}
+
+impl Topology for PatroniCluster {
+    fn members(&self) -> &[OwnedProcess] {
+        &self.members
+    }
+    fn members_mut(&mut self) -> &mut [OwnedProcess] {
+        &mut self.members
+    }
+    fn leader(&self) -> Option<usize> {
+        (0..self.members.len()).find(|&i| self.is_primary(i))
+    }
+    /// One primary, every other running member streaming from it, and one
+    /// of them its synchronous standby.
+    fn health(&self) -> Result<(), String> {
+        let Some(primary) = self.leader() else {
+            return Err("no running member answers pg_is_in_recovery() = f".into());
+        };
+        let standbys = (0..self.members.len())
+            .filter(|&i| i != primary && self.members[i].is_running())
+            .count();
+        let sync = psql(
+            self.members[primary].port(),
+            "SELECT count(*) FILTER (WHERE state = 'streaming'), count(*) FILTER (WHERE sync_state = 'sync') FROM pg_stat_replication",
+        );
+        let want = format!("{standbys}|{}", usize::from(standbys > 0));
+        if sync.as_deref() != Some(want.as_str()) {
+            return Err(format!(
+                "the primary reports streaming|sync {sync:?}, not {want}"
+            ));
+        }
+        // Patroni promotes only the standby its state names synchronous
+        // (`/sync` answers 200 there), which it records after PostgreSQL's
+        // setting: wait for both.
+        let named = (0..self.members.len())
+            .filter(|&i| i != primary && self.members[i].is_running())
+            .filter(|&i| self.rest_status(i, "/sync") == Some(200))
+            .count();
+        if named == usize::from(standbys > 0) {
+            Ok(())
+        } else {
+            Err(format!(
+                "{named} standbys are Patroni's synchronous one, not {}",
+                usize::from(standbys > 0)
+            ))
+        }
+    }
+}
