@@ -1,6 +1,7 @@
 //! Chaos on replicated stores: a 3-member etcd cluster, a 3-server
 //! ZooKeeper ensemble, 5 Redlock nodes, a Redis primary with 2 replicas
-//! under 3 Sentinels and a Redis Cluster, each started for its cell. The nemesis kills and
+//! under 3 Sentinels, a Redis Cluster, a Galera cluster and PostgreSQL under
+//! Patroni, each started for its cell. The nemesis kills and
 //! freezes the leader (for Redlock, a node; under Sentinel, the primary,
 //! which a freeze longer than down-after demotes; in a Redis Cluster, the
 //! primary of slot 0's shard) while a holder
@@ -15,7 +16,8 @@ use clap::Parser;
 use lease_chaos::{Members, Report, RunArgs, run_with_members};
 use lease_testkit::TempDir;
 use lease_testkit::cluster::{
-    EtcdCluster, GaleraCluster, RedisCluster, RedisNodes, RedisSentinel, Topology, ZkEnsemble,
+    EtcdCluster, GaleraCluster, PatroniCluster, RedisCluster, RedisNodes, RedisSentinel, Topology,
+    ZkEnsemble,
 };
 
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -50,17 +52,17 @@ impl<T: Topology + 'static> Members for Cluster<T> {
         }
     }
     fn kill(&mut self, member: usize) {
-        self.0.members_mut()[member].kill();
+        self.0.kill_member(member);
     }
     fn restart(&mut self, member: usize) {
         self.0.members_mut()[member].start_again();
         self.0.wait_healthy(Duration::from_secs(60));
     }
     fn freeze(&mut self, member: usize) {
-        self.0.members()[member].freeze();
+        self.0.freeze_member(member);
     }
     fn thaw(&mut self, member: usize) {
-        self.0.members()[member].thaw();
+        self.0.thaw_member(member);
     }
 }
 
@@ -119,6 +121,15 @@ fn holds(r: &Report) {
         "too few grants to judge: {}",
         r.text()
     );
+}
+
+/// PostgreSQL under Patroni (synchronous mode): the primary's host killed
+/// (agent and server; restarted two TTLs later it finds its leader key
+/// still held and recovers as the primary) or frozen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn patroni_postgres_holds_when_its_primary_is_killed_or_frozen() {
+    let r = cell(|| PatroniCluster::start(2), PatroniCluster::url, ALL_FAULTS).await;
+    holds(&r);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

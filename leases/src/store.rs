@@ -7,8 +7,8 @@ use lease_api::{LeaseError, Result};
 /// The store URL forms this crate understands.
 pub const URL_FORMS: &str = "memory://, redis://host:port[/db], rediss://...[?ca=/path/ca.pem], \
 redis+sentinel://host1:port,host2:port/<master-name>[/db][?wait=N], \
-redis+cluster://host1:port,host2:port[?wait=N], redlock://host1:port,host2:port,host3:port, postgres://user@host/db[?lease_table=schema.table][&lease_mode=advisory], \
-mysql://user@host/db[?lease_table=table][&lease_mode=advisory] (also mariadb://), \
+redis+cluster://host1:port,host2:port[?wait=N], redlock://host1:port,host2:port,host3:port, postgres://user@host[:port][,host:port...]/db[?lease_table=schema.table][&lease_mode=advisory], \
+mysql://user@host[:port][,host:port...]/db[?lease_table=table][&lease_mode=advisory] (also mariadb://), \
 etcd://host1:port[,host2:port] (etcds:// for TLS), zk://host1:port[,host2:port][/chroot], \
 sqlite:///path/to/leases.db";
 
@@ -364,7 +364,7 @@ impl Store {
                 ))
             }
             "postgres" | "postgresql" => {
-                crate::urls::single(url, POSTGRES_PARAMS)?;
+                crate::urls::sql_url(scheme, url, rest, POSTGRES_PARAMS)?;
                 let (base, query) = url.split_once('?').unwrap_or((url, ""));
                 let mut keep = Vec::new();
                 let (mut schema, mut table) = ("public".to_owned(), None);
@@ -407,21 +407,7 @@ impl Store {
                 })
             }
             "mysql" | "mariadb" => {
-                // Several hosts (a Galera cluster's nodes): each a host:port,
-                // the rest checked as on a URL of the first.
-                let end = rest.find(['/', '?']).unwrap_or(rest.len());
-                let (authority, tail) = rest.split_at(end);
-                let (userinfo, hosts) = match authority.rsplit_once('@') {
-                    Some((u, h)) => (format!("{u}@"), h),
-                    None => (String::new(), authority),
-                };
-                if hosts.contains(',') {
-                    let list = crate::urls::host_list(scheme, hosts, false)?;
-                    let first = format!("{scheme}://{userinfo}{}{tail}", list[0].raw);
-                    crate::urls::single(&first, MYSQL_PARAMS)?;
-                } else {
-                    crate::urls::single(url, MYSQL_PARAMS)?;
-                }
+                crate::urls::sql_url(scheme, url, rest, MYSQL_PARAMS)?;
                 let (base, query) = url.split_once('?').unwrap_or((url, ""));
                 let mut keep = Vec::new();
                 let mut table = None;
@@ -667,6 +653,26 @@ mod tests {
                 advisory: true,
             }
         );
+        // Several hosts (a primary and its standbys): each a host:port.
+        assert_eq!(
+            Store::parse("postgres://u@h1:5432,h2:5433/db?lease_mode=advisory").unwrap(),
+            Store::Postgres {
+                url: "postgres://u@h1:5432,h2:5433/db".into(),
+                schema: "public".into(),
+                table: "lease_advisory".into(),
+                advisory: true,
+            }
+        );
+        for bad in [
+            "postgres://u@h1:5432,,h2:1/db",
+            "postgres://u@h1:5432,h1:5432/db",
+            "postgres://u@h1,h2:1/db",
+        ] {
+            assert!(
+                matches!(Store::parse(bad), Err(LeaseError::Config(_))),
+                "{bad}"
+            );
+        }
         let err = Store::parse("postgres://u@h/db?lease_mode=locks").unwrap_err();
         assert!(err.to_string().contains("lease_mode"), "{err}");
         assert_eq!(

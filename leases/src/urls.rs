@@ -125,6 +125,29 @@ pub(crate) fn host_list(scheme: &str, list: &str, credentials: bool) -> Result<V
     Ok(out)
 }
 
+/// Checks the URL of a SQL store (`rest` is what follows `scheme://`),
+/// which may name several hosts, `user@h1:p1,h2:p2/db` (a PostgreSQL
+/// primary and its standbys, a Galera cluster's nodes): each entry a
+/// distinct `host:port`, and the rest checked as on a URL of the first.
+pub(crate) fn sql_url(scheme: &str, url: &str, rest: &str, allowed: &[&str]) -> Result<()> {
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((u, h)) => (format!("{u}@"), h),
+        None => (String::new(), authority),
+    };
+    if hosts.contains(',') {
+        let list = host_list(scheme, hosts, false)?;
+        single(
+            &format!("{scheme}://{userinfo}{}{tail}", list[0].raw),
+            allowed,
+        )?;
+    } else {
+        single(url, allowed)?;
+    }
+    Ok(())
+}
+
 /// Parses a single-server URL with the `url` crate: a host is required, a
 /// port (when given) must be in range, and every query parameter must be one
 /// of `allowed`.

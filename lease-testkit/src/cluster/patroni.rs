@@ -158,9 +158,7 @@ postgresql:
         let postmaster = self.postmaster(i);
         self.members[i].kill();
         if let Some(pid) = postmaster {
-            let _ = std::process::Command::new("kill")
-                .args(["-9", &pid.to_string()])
-                .status();
+            signal_group(pid, "KILL");
         }
     }
 
@@ -222,6 +220,26 @@ postgresql:
     }
 }
 
+/// Sends `signal` to the process group of `pid` (a postmaster's group:
+/// its backends and helpers with it), or to `pid` alone when its group
+/// cannot be read.
+fn signal_group(pid: u32, signal: &str) {
+    // /proc/PID/stat: "pid (comm) state ppid pgrp ..."; comm may hold spaces.
+    let group = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let rest = stat.rsplit_once(')')?.1;
+            rest.split_whitespace().nth(2)?.parse::<u32>().ok()
+        });
+    let target = match group {
+        Some(g) if g > 1 => format!("-{g}"),
+        _ => pid.to_string(),
+    };
+    let _ = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), "--", &target])
+        .status();
+}
+
 impl Drop for PatroniCluster {
     fn drop(&mut self) {
         // The postmasters run in sessions of their own: end them too.
@@ -229,9 +247,7 @@ impl Drop for PatroniCluster {
             if self.members[i].is_running() {
                 self.kill(i);
             } else if let Some(pid) = self.postmaster(i) {
-                let _ = std::process::Command::new("kill")
-                    .args(["-9", &pid.to_string()])
-                    .status();
+                signal_group(pid, "KILL");
             }
         }
     }
@@ -246,6 +262,22 @@ impl Topology for PatroniCluster {
     }
     fn leader(&self) -> Option<usize> {
         (0..self.members.len()).find(|&i| self.is_primary(i))
+    }
+    fn kill_member(&mut self, i: usize) {
+        self.kill(i);
+    }
+    /// The agent and its PostgreSQL, as a frozen host.
+    fn freeze_member(&self, i: usize) {
+        self.members[i].freeze();
+        if let Some(pid) = self.postmaster(i) {
+            signal_group(pid, "STOP");
+        }
+    }
+    fn thaw_member(&self, i: usize) {
+        if let Some(pid) = self.postmaster(i) {
+            signal_group(pid, "CONT");
+        }
+        self.members[i].thaw();
     }
     /// One primary, every other running member streaming from it, and one
     /// of them its synchronous standby.

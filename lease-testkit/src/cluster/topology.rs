@@ -28,6 +28,22 @@ pub trait Topology: Send + Sync {
         true
     }
 
+    /// kill -9 of member `i`, everything it runs included (a member whose
+    /// server runs in a session of its own overrides this).
+    fn kill_member(&mut self, i: usize) {
+        self.members_mut()[i].kill();
+    }
+
+    /// SIGSTOP of member `i`, everything it runs included.
+    fn freeze_member(&self, i: usize) {
+        self.members()[i].freeze();
+    }
+
+    /// SIGCONT of a frozen member `i`.
+    fn thaw_member(&self, i: usize) {
+        self.members()[i].thaw();
+    }
+
     /// Waits until [`healthy`](Self::healthy).
     ///
     /// # Panics
