@@ -44,6 +44,7 @@ pub mod checker;
 pub mod clock;
 mod faults;
 pub mod history;
+mod incident;
 pub mod matrix;
 pub mod proxy;
 mod report;
