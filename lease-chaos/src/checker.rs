@@ -276,7 +276,9 @@ pub fn check(
         };
         if regressed {
             c.token_regressions += 1;
-            c.incident(IncidentKind::Regression, b.invoke);
+            // Dated by the grant's return: the call may have waited since
+            // before the fault that made the store hand the token out again.
+            c.incident(IncidentKind::Regression, b.ok);
         }
     }
 
@@ -560,8 +562,8 @@ mod tests {
         };
         assert_eq!(
             at(IncidentKind::Regression),
-            [10 * MS, 20 * MS],
-            "by the grants' calls"
+            [11 * MS, 21 * MS],
+            "by the grants' returns"
         );
         assert_eq!(
             at(IncidentKind::LostRound),

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 /// What kind of safety incident an [`Incident`] is: each is counted in
-/// [`Counts`] too.
+/// [`Counts`](crate::checker::Counts) too.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum IncidentKind {
@@ -22,7 +22,7 @@ pub enum IncidentKind {
 }
 
 /// One safety incident and when it happened (the later grant's return for
-/// an overlap, its call for a regression, the sink's receipt for a write):
+/// an overlap, its return for a regression, the sink's receipt for a write):
 /// what lets a verdict excuse only the incidents inside a declared fault's
 /// time window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

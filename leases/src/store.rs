@@ -653,7 +653,9 @@ mod tests {
                 advisory: true,
             }
         );
-        // Several hosts (a primary and its standbys): each a host:port.
+        // Several hosts (a primary and its standbys): each a host[:port]
+        // (without one, the default port).
+        assert!(Store::parse("postgres://u@pg1,pg2:5433/db").is_ok());
         assert_eq!(
             Store::parse("postgres://u@h1:5432,h2:5433/db?lease_mode=advisory").unwrap(),
             Store::Postgres {
@@ -666,7 +668,7 @@ mod tests {
         for bad in [
             "postgres://u@h1:5432,,h2:1/db",
             "postgres://u@h1:5432,h1:5432/db",
-            "postgres://u@h1,h2:1/db",
+            "postgres://u@h1:,h2/db",
         ] {
             assert!(
                 matches!(Store::parse(bad), Err(LeaseError::Config(_))),

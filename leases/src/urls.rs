@@ -77,6 +77,17 @@ pub(crate) struct HostPort {
 /// 1..=65535, and no path, query or fragment. `user:password@` is accepted
 /// only when `credentials` says the backend can use it.
 pub(crate) fn host_list(scheme: &str, list: &str, credentials: bool) -> Result<Vec<HostPort>> {
+    hosts(scheme, list, credentials, true)
+}
+
+/// [`host_list`], with the port optional when `port_required` is false
+/// (the store's default port: told apart from an explicit one as port 0).
+fn hosts(
+    scheme: &str,
+    list: &str,
+    credentials: bool,
+    port_required: bool,
+) -> Result<Vec<HostPort>> {
     let shown = redact(list);
     if list.trim().is_empty() {
         return Err(config_err(format!(
@@ -105,11 +116,15 @@ pub(crate) fn host_list(scheme: &str, list: &str, credentials: bool) -> Result<V
             .host_str()
             .filter(|h| !h.is_empty())
             .ok_or_else(|| config_err(format!("{scheme}:// entry {entry:?} has no host")))?;
-        let port = parsed.port().filter(|p| *p != 0).ok_or_else(|| {
-            config_err(format!(
-                "{scheme}:// entry {entry:?} needs a port (host:port, 1-65535)"
-            ))
-        })?;
+        let port = match parsed.port() {
+            Some(p) if p != 0 => p,
+            None if !port_required && !raw.ends_with(':') => 0,
+            _ => {
+                return Err(config_err(format!(
+                    "{scheme}:// entry {entry:?} needs a port (host:port, 1-65535)"
+                )));
+            }
+        };
         let id = (host.to_ascii_lowercase(), port);
         if out.iter().any(|h| h.id == id) {
             return Err(config_err(format!(
@@ -128,7 +143,7 @@ pub(crate) fn host_list(scheme: &str, list: &str, credentials: bool) -> Result<V
 /// Checks the URL of a SQL store (`rest` is what follows `scheme://`),
 /// which may name several hosts, `user@h1:p1,h2:p2/db` (a PostgreSQL
 /// primary and its standbys, a Galera cluster's nodes): each entry a
-/// distinct `host:port`, and the rest checked as on a URL of the first.
+/// distinct `host[:port]`, and the rest checked as on a URL of the first.
 pub(crate) fn sql_url(scheme: &str, url: &str, rest: &str, allowed: &[&str]) -> Result<()> {
     let end = rest.find(['/', '?']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(end);
@@ -137,7 +152,8 @@ pub(crate) fn sql_url(scheme: &str, url: &str, rest: &str, allowed: &[&str]) -> 
         None => (String::new(), authority),
     };
     if hosts.contains(',') {
-        let list = host_list(scheme, hosts, false)?;
+        // A host without a port is on the store's default one.
+        let list = self::hosts(scheme, hosts, false, false)?;
         single(
             &format!("{scheme}://{userinfo}{}{tail}", list[0].raw),
             allowed,

@@ -154,11 +154,35 @@ postgresql:
     /// kill -9 of member `i`: its agent and its PostgreSQL (which runs in a
     /// session of its own, so that an agent restart keeps it), as a host
     /// dies.
+    ///
+    /// # Panics
+    /// When its PostgreSQL still accepts connections 10 s later.
     pub fn kill(&mut self, i: usize) {
         let postmaster = self.postmaster(i);
         self.members[i].kill();
         if let Some(pid) = postmaster {
+            // Its children first (backends, WAL senders: they would serve a
+            // moment longer), then its group, then itself.
+            for child in children(pid) {
+                let _ = std::process::Command::new("kill")
+                    .args(["-KILL", &child.to_string()])
+                    .status();
+            }
             signal_group(pid, "KILL");
+            if is_postgres(pid) {
+                let _ = std::process::Command::new("kill")
+                    .args(["-KILL", &pid.to_string()])
+                    .status();
+            }
+        }
+        let port = self.members[i].port();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            assert!(
+                Instant::now() < deadline,
+                "member {i}'s PostgreSQL on port {port} still accepts connections after kill -9"
+            );
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
@@ -220,24 +244,60 @@ postgresql:
     }
 }
 
-/// Sends `signal` to the process group of `pid` (a postmaster's group:
-/// its backends and helpers with it), or to `pid` alone when its group
-/// cannot be read.
-fn signal_group(pid: u32, signal: &str) {
-    // /proc/PID/stat: "pid (comm) state ppid pgrp ..."; comm may hold spaces.
-    let group = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+/// The process group of `pid`, from `/proc/PID/stat` ("pid (comm) state
+/// ppid pgrp ..."; comm may hold spaces).
+fn process_group(pid: &str) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(2)?
+        .parse()
         .ok()
-        .and_then(|stat| {
-            let rest = stat.rsplit_once(')')?.1;
-            rest.split_whitespace().nth(2)?.parse::<u32>().ok()
-        });
-    let target = match group {
-        Some(g) if g > 1 => format!("-{g}"),
-        _ => pid.to_string(),
+}
+
+/// Whether `pid` runs `postgres`.
+fn is_postgres(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|comm| comm.trim() == "postgres")
+}
+
+/// The `postgres` processes whose parent is `pid`.
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
     };
-    let _ = std::process::Command::new("kill")
-        .args([&format!("-{signal}"), "--", &target])
-        .status();
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&c| {
+            std::fs::read_to_string(format!("/proc/{c}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    stat.rsplit_once(')')?
+                        .1
+                        .split_whitespace()
+                        .nth(1)?
+                        .parse::<u32>()
+                        .ok()
+                })
+                == Some(pid)
+                && is_postgres(c)
+        })
+        .collect()
+}
+
+/// Sends `signal` to the process group of the postmaster `pid` (its
+/// backends and helpers with it). Nothing when `pid` is not a running
+/// `postgres` (a `postmaster.pid` left by a kill -9 may name a pid reused
+/// since), and never to this process's own group.
+fn signal_group(pid: u32, signal: &str) {
+    let group = process_group(&pid.to_string());
+    if !is_postgres(pid) || group.is_none_or(|g| g <= 1 || Some(g) == process_group("self")) {
+        return;
+    }
+    if let Some(g) = group {
+        let _ = std::process::Command::new("kill")
+            .args([&format!("-{signal}"), "--", &format!("-{g}")])
+            .status();
+    }
 }
 
 impl Drop for PatroniCluster {
