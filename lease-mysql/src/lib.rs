@@ -153,9 +153,10 @@
 //!   stop at the limit; a queue with an `order` of its own reads the next
 //!   keys in that order without locks and then locks them by key, a round
 //!   trip more per window.
-//! - On Galera, claims through several nodes meet at certification: the
-//!   loser's transaction is rolled back as a deadlock and made again (a
-//!   test drains a queue and races slots through two nodes).
+//! - On Galera, keep every worker on one node (a host list does this: every
+//!   provider stays on the node that answers). Claims made through two
+//!   nodes at once are not shown safe: `SKIP LOCKED` sees one node's locks,
+//!   and a CI run reported a worker's own claim stale at completion.
 //! - On MySQL (not MariaDB) a claim the client gave up on is not ended by
 //!   the server and may still commit: its rows come back after the
 //!   visibility timeout, and a once-claim whose caller saw an error may

@@ -96,9 +96,8 @@ enum Change {
 /// the token counter.
 ///
 /// On Galera, keep every worker on one node (the provider's host list does
-/// this): `SKIP LOCKED` sees only its own node's locks. Two workers on two
-/// nodes that claim one row both commit locally, and certification aborts
-/// one of them as a deadlock, which the claim retries.
+/// this): `SKIP LOCKED` sees only its own node's locks, and claims made
+/// through two nodes at once are not shown safe.
 ///
 /// ```no_run
 /// # async fn demo() -> lease_api::Result<()> {
