@@ -19,28 +19,49 @@ pub(crate) fn mysql_user() -> Option<(u32, u32)> {
 }
 
 /// `mariadb-install-db` into `data`, as `run_as`: system tables and a
-/// `root` login without a password on loopback.
+/// `root` login without a password on loopback. Returns the server option
+/// `--tmpdir=…` for a temporary directory of its own beside `data`.
+///
+/// The bootstrap server keeps its internal temporary tables in that
+/// directory, not in the shared system one: a CI run once lost a bootstrap
+/// to "Error on delete of '/tmp/#sql-temptable-….MAI'" while other servers
+/// started beside it. A failed bootstrap is tried once more on an emptied
+/// data directory, and the second failure's output is the panic message.
 ///
 /// # Panics
-/// When it fails; the message shows its output.
-pub(crate) fn install_db(data: &std::path::Path, run_as: Option<(u32, u32)>) {
-    let mut install = Command::new("mariadb-install-db");
-    install
-        .arg("--no-defaults")
-        .arg(format!("--datadir={}", data.display()))
-        .args(["--auth-root-authentication-method=normal", "--skip-test-db"]);
+/// When it fails twice; the message shows its output.
+pub(crate) fn install_db(data: &std::path::Path, run_as: Option<(u32, u32)>) -> String {
+    let tmp = data.with_file_name("tmp");
+    std::fs::create_dir_all(&tmp).expect("create the server's tmpdir");
     if let Some((uid, gid)) = run_as {
-        install.uid(uid).gid(gid);
+        let _ = std::os::unix::fs::chown(&tmp, Some(uid), Some(gid));
     }
-    let out = install
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run mariadb-install-db: {e}"));
-    assert!(
-        out.status.success(),
-        "mariadb-install-db failed:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let tmpdir = format!("--tmpdir={}", tmp.display());
+    let mut failure = String::new();
+    for _ in 0..2 {
+        let _ = std::fs::remove_dir_all(data);
+        let mut install = Command::new("mariadb-install-db");
+        install
+            .arg("--no-defaults")
+            .arg(format!("--datadir={}", data.display()))
+            .arg(&tmpdir)
+            .args(["--auth-root-authentication-method=normal", "--skip-test-db"]);
+        if let Some((uid, gid)) = run_as {
+            install.uid(uid).gid(gid);
+        }
+        let out = install
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run mariadb-install-db: {e}"));
+        if out.status.success() {
+            return tmpdir;
+        }
+        failure = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    panic!("mariadb-install-db failed twice:\n{failure}");
 }
 
 /// Runs one statement as `root` on the MariaDB at `port` with the `mariadb`
@@ -137,7 +158,7 @@ fn owned_mysql_with(
             .status();
     }
     let data = dir.path().join("data");
-    install_db(&data, run_as);
+    let tmpdir = install_db(&data, run_as);
     let init = dir.path().join("init.sql");
     std::fs::write(&init, "CREATE DATABASE IF NOT EXISTS lease;\n").expect("write init.sql");
     let mut args: Vec<String> = vec![
@@ -151,6 +172,7 @@ fn owned_mysql_with(
         "--skip-log-bin".into(),
         "--innodb-buffer-pool-size=32M".into(),
         "--innodb-flush-log-at-trx-commit=1".into(),
+        tmpdir,
     ];
     // An --init-file among `extra` replaces the default one.
     if !extra.iter().any(|a| a.starts_with("--init-file=")) {

@@ -48,9 +48,10 @@ impl GaleraCluster {
                         .status();
                 }
                 let data = dir.path().join("data");
-                install_db(&data, run_as);
+                let tmpdir = install_db(&data, run_as);
                 let mut args = vec![
                     "--no-defaults".to_owned(),
+                    tmpdir,
                     format!("--datadir={}", data.display()),
                     format!("--port={port}"),
                     "--bind-address=127.0.0.1".into(),
