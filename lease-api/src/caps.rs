@@ -474,6 +474,11 @@ mod tests {
         assert!(c.durable_tokens.is_durable() && p.get().durable_tokens.is_durable());
         assert_eq!(p.get().min_ttl, Duration::from_millis(10));
         assert!(!p.begin(), "nothing left to probe");
+        // A later probe's answer is returned as found, though `get` keeps
+        // the first.
+        let again = p.record(TokenDurability::Volatile("fsync off now".into()));
+        assert!(!again.durable_tokens.is_durable());
+        assert!(p.get().durable_tokens.is_durable());
     }
 
     #[test]
@@ -543,9 +548,14 @@ impl ProbedCapabilities {
     }
 
     /// Records the base capabilities as `probed` changes them (for probes
-    /// that learn more than durability) and returns the result.
+    /// that learn more than durability) and returns the result: what this
+    /// probe found. [`get`](Self::get) keeps the first answer recorded (it
+    /// hands out a reference for the provider's life), so a later probe's
+    /// answer (a failover changed the replication settings) is this return
+    /// value, never silently the first one.
     pub fn record_with(&self, probed: impl FnOnce(Capabilities) -> Capabilities) -> Capabilities {
-        let _ = self.probed.set(probed(self.base.clone()));
-        self.get().clone()
+        let fresh = probed(self.base.clone());
+        let _ = self.probed.set(fresh.clone());
+        fresh
     }
 }

@@ -56,6 +56,14 @@ pub enum FaultKind {
     /// TTLs while a holder holds, then SIGCONT: the others elect a new
     /// leader, and the old one wakes up thinking it still leads.
     LeaderPause,
+    /// A replicated store whose members reach each other through links the
+    /// run controls ([`Members::can_isolate`]): cut the leader off from the
+    /// other members and from their coordination store while a holder
+    /// holds, its clients still reaching it, for two TTLs or as long as the
+    /// store needs to elect another leader ([`Members::isolation_hold`]),
+    /// then heal. The split-brain case: a leader that still serves, and a
+    /// successor elected beside it.
+    LeaderIsolate,
 }
 
 /// The members of a replicated store, for the nemesis's leader faults. The
@@ -74,6 +82,25 @@ pub trait Members: Send {
     fn freeze(&mut self, member: usize);
     /// SIGCONT of a frozen member.
     fn thaw(&mut self, member: usize);
+    /// True when [`isolate`](Self::isolate) can cut a member off from the
+    /// others: their links run through proxies the run controls.
+    fn can_isolate(&self) -> bool {
+        false
+    }
+    /// Cuts a member off from the other members while clients still reach
+    /// it (nothing when [`can_isolate`](Self::can_isolate) is false).
+    fn isolate(&mut self, member: usize) {
+        let _ = member;
+    }
+    /// Heals an isolated member's links, and waits until the store is
+    /// whole again.
+    fn rejoin(&mut self, member: usize) {
+        let _ = member;
+    }
+    /// How long an isolation must last for the others to act on it.
+    fn isolation_hold(&self) -> Duration {
+        Duration::ZERO
+    }
 }
 
 /// The members, shared between the run and the blocking calls on them.
@@ -107,6 +134,7 @@ impl FaultKind {
             FaultKind::NodeWipe => "node-wipe",
             FaultKind::LeaderKill => "leader-kill",
             FaultKind::LeaderPause => "leader-pause",
+            FaultKind::LeaderIsolate => "leader-isolate",
         }
     }
 }
@@ -205,7 +233,7 @@ impl Nemesis<'_> {
                     wall_step_ns: None,
                 }
             }
-            FaultKind::LeaderKill | FaultKind::LeaderPause => {
+            FaultKind::LeaderKill | FaultKind::LeaderPause | FaultKind::LeaderIsolate => {
                 let Some(members) = &self.members else {
                     return Ok(Injection::Skipped);
                 };
@@ -217,23 +245,30 @@ impl Nemesis<'_> {
                     return Ok(Injection::Skipped);
                 };
                 let begin = mono_ns();
-                let hit = if kind == FaultKind::LeaderKill {
-                    on_members(members, move |m| m.kill(leader)).await
-                } else {
-                    on_members(members, move |m| m.freeze(leader)).await
+                let hold = on_members(members, |m| m.isolation_hold()).await?;
+                let hit = match kind {
+                    FaultKind::LeaderKill => on_members(members, move |m| m.kill(leader)).await,
+                    FaultKind::LeaderPause => on_members(members, move |m| m.freeze(leader)).await,
+                    _ => on_members(members, move |m| m.isolate(leader)).await,
                 };
-                tokio::time::sleep(ttl * 2 + jitter).await;
+                let held = if kind == FaultKind::LeaderIsolate {
+                    (ttl * 2).max(hold)
+                } else {
+                    ttl * 2
+                };
+                tokio::time::sleep(held + jitter).await;
                 // Recovery from a killed leader counts from the kill, as
-                // for a crashed worker; from a frozen one, from the thaw.
+                // for a crashed worker; from a frozen or isolated one, from
+                // the heal.
                 let end = if kind == FaultKind::LeaderKill {
                     begin
                 } else {
                     mono_ns()
                 };
-                let healed = if kind == FaultKind::LeaderKill {
-                    on_members(members, move |m| m.restart(leader)).await
-                } else {
-                    on_members(members, move |m| m.thaw(leader)).await
+                let healed = match kind {
+                    FaultKind::LeaderKill => on_members(members, move |m| m.restart(leader)).await,
+                    FaultKind::LeaderPause => on_members(members, move |m| m.thaw(leader)).await,
+                    _ => on_members(members, move |m| m.rejoin(leader)).await,
                 };
                 // A member that cannot be hit or brought back ends in the
                 // report, not in an aborted run.

@@ -156,7 +156,8 @@ fn excuses(caps: &leases::Capabilities, faults: &[Fault], grace: u64) -> Vec<Exc
                     format!("tokens are not durable ({:?})", caps.durable_tokens),
                 )
             } else if (f.kind == FaultKind::LeaderKill.name()
-                || f.kind == FaultKind::LeaderPause.name())
+                || f.kind == FaultKind::LeaderPause.name()
+                || f.kind == FaultKind::LeaderIsolate.name())
                 && may_repeat
             {
                 (

@@ -199,11 +199,25 @@ async fn run_inner(
                     f.name()
                 ));
             }
-            FaultKind::LeaderKill | FaultKind::LeaderPause if members.is_none() => {
+            FaultKind::LeaderKill | FaultKind::LeaderPause | FaultKind::LeaderIsolate
+                if members.is_none() =>
+            {
                 return Err(format!(
                     "{} needs a replicated store whose members the run controls (lease_chaos::run_with_members)",
                     f.name()
                 ));
+            }
+            FaultKind::LeaderIsolate
+                if !members.as_ref().is_some_and(|m| {
+                    m.lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .can_isolate()
+                }) =>
+            {
+                return Err(
+                    "leader-isolate needs members whose links to each other the run controls (Members::can_isolate)"
+                        .into(),
+                );
             }
             FaultKind::StorePause if args.store_pids.is_empty() => {
                 return Err("store-pause needs the store's PIDs (--store-pid)".into());

@@ -64,6 +64,19 @@ impl<T: Topology + 'static> Members for Cluster<T> {
     fn thaw(&mut self, member: usize) {
         self.0.thaw_member(member);
     }
+    fn can_isolate(&self) -> bool {
+        self.0.can_isolate()
+    }
+    fn isolate(&mut self, member: usize) {
+        self.0.isolate_member(member);
+    }
+    fn rejoin(&mut self, member: usize) {
+        self.0.rejoin_member(member);
+        self.0.wait_healthy(Duration::from_secs(90));
+    }
+    fn isolation_hold(&self) -> Duration {
+        self.0.isolation_hold()
+    }
 }
 
 /// Every fault of a replicated cell.
@@ -125,11 +138,20 @@ fn holds(r: &Report) {
 
 /// PostgreSQL under Patroni (synchronous mode): the primary's host killed
 /// (agent and server; restarted two TTLs later it finds its leader key
-/// still held and recovers as the primary) or frozen.
+/// still held and recovers as the primary) or frozen, and the primary cut
+/// off from its standby and from etcd while the workers still reach it,
+/// long enough for Patroni to promote the standby beside it (the
+/// split-brain case).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn patroni_postgres_holds_when_its_primary_is_killed_or_frozen() {
-    let r = cell(|| PatroniCluster::start(2), PatroniCluster::url, ALL_FAULTS).await;
+async fn patroni_postgres_holds_when_its_primary_is_killed_frozen_or_isolated() {
+    let faults = format!("{ALL_FAULTS},leader-isolate");
+    let r = cell(|| PatroniCluster::start(2), PatroniCluster::url, &faults).await;
     holds(&r);
+    assert!(
+        r.injected.get("leader-isolate").copied().unwrap_or(0) >= 1,
+        "no leader-isolate injected: {}",
+        r.text()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -28,6 +28,12 @@ pub struct PostgresConfig {
     /// Create the table on first use. Default true; turn off when schemas are
     /// managed elsewhere and call [`PostgresProvider::migrate`](crate::PostgresProvider::migrate) there instead.
     pub create_table: bool,
+    /// Patroni's REST API (`host:port`, plain HTTP), one or more members'.
+    /// When set, the probe reads the cluster's failover settings there
+    /// (`GET /config`: `ttl`, `loop_wait`, `synchronous_mode`,
+    /// `maximum_lag_on_failover`), and the declared failover follows them.
+    /// Default none: the declaration comes from PostgreSQL's settings alone.
+    pub patroni: Vec<String>,
 }
 
 impl PostgresConfig {
@@ -42,6 +48,7 @@ impl PostgresConfig {
             response_timeout: Duration::from_secs(3),
             max_connections: 10,
             create_table: true,
+            patroni: Vec::new(),
         }
     }
 
@@ -68,6 +75,15 @@ impl PostgresConfig {
     /// Sets the pool size.
     pub fn max_connections(mut self, n: u32) -> Self {
         self.max_connections = n.max(1);
+        self
+    }
+
+    /// Reads the failover settings from Patroni's REST API at `addrs`
+    /// (`host:port` each; the first that answers), so that
+    /// [`Capabilities::failover`](lease_api::Capabilities::failover) declares
+    /// Patroni's detection time and promotion rule.
+    pub fn patroni<S: Into<String>>(mut self, addrs: impl IntoIterator<Item = S>) -> Self {
+        self.patroni = addrs.into_iter().map(Into::into).collect();
         self
     }
 

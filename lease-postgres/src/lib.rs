@@ -163,6 +163,7 @@ mod hosts;
 mod multi;
 mod once;
 mod ops;
+mod patroni;
 mod probe;
 mod provider;
 mod queue;

@@ -89,11 +89,23 @@ impl PostgresProvider {
         let names: String = row.try_get(0).unwrap_or_default();
         let commit: String = row.try_get(1).unwrap_or_default();
         let sync_standbys: i64 = row.try_get(2).unwrap_or_default();
+        let waits = matches!(commit.as_str(), "on" | "remote_write" | "remote_apply");
+        // Counted from the promotion (PostgreSQL has no failover agent of its
+        // own: Patroni, repmgr or a managed service promotes a standby): one
+        // statement fails on the old primary, and the next connects to each
+        // host in turn until one answers as primary.
+        let per_host = self.inner.hosts.connect_timeout();
+        let hosts = u32::try_from(self.inner.hosts.len()).unwrap_or(u32::MAX);
+        let reconnect = self.inner.response_timeout * 2 + per_host.saturating_mul(hosts);
+        if !self.inner.patroni.is_empty() {
+            return Ok(self
+                .patroni_failover(&names, &commit, waits, reconnect)
+                .await);
+        }
         // The settings decide: with them every commit waits (blocks, if no
         // standby is there) until a synchronous standby has it. How many are
         // in sync right now is only reported.
-        let synchronous = !names.trim().is_empty()
-            && matches!(commit.as_str(), "on" | "remote_write" | "remote_apply");
+        let synchronous = !names.trim().is_empty() && waits;
         let tokens = if synchronous {
             FailoverTokens::Increasing(format!(
                 "every commit, each token's among them, reaches a synchronous standby before it returns \
@@ -105,17 +117,63 @@ impl PostgresProvider {
                  {sync_standbys} in sync): a promotion can lose the last commits, tokens and leases among them"
             ))
         };
-        // Counted from the promotion (PostgreSQL has no failover agent of its
-        // own: Patroni, repmgr or a managed service promotes a standby): one
-        // statement fails on the old primary, and the next connects to each
-        // host in turn until one answers as primary.
-        let per_host = self.inner.hosts.connect_timeout();
-        let hosts = u32::try_from(self.inner.hosts.len()).unwrap_or(u32::MAX);
-        Ok(Failover::new(
-            tokens,
-            synchronous,
-            self.inner.response_timeout * 2 + per_host.saturating_mul(hosts),
-        ))
+        Ok(Failover::new(tokens, synchronous, reconnect))
+    }
+
+    /// The failover a Patroni cluster promises, from its settings (REST
+    /// `GET /config`): it promotes only the standby its sync key names when
+    /// `synchronous_mode` is on, so with commits that wait for it no token
+    /// is lost, even while PostgreSQL's `synchronous_standby_names` is
+    /// empty (Patroni clears it when no standby is in sync, and then
+    /// promotes none). Recovery adds Patroni's detection, `ttl` plus
+    /// `loop_wait`. When no REST API answers, Patroni's defaults are
+    /// assumed for the time and PostgreSQL's settings for the tokens.
+    async fn patroni_failover(
+        &self,
+        names: &str,
+        commit: &str,
+        waits: bool,
+        reconnect: std::time::Duration,
+    ) -> Failover {
+        let settings =
+            crate::patroni::read_settings(&self.inner.patroni, self.inner.response_timeout).await;
+        let s = match settings {
+            Ok(s) => s,
+            Err(why) => {
+                let defaults = crate::patroni::PatroniSettings::defaults();
+                let synchronous = !names.trim().is_empty() && waits;
+                let tokens = if synchronous {
+                    FailoverTokens::Increasing(format!(
+                        "every commit reaches a synchronous standby (synchronous_standby_names '{names}', \
+                         synchronous_commit {commit}); Patroni's REST API did not answer ({why})"
+                    ))
+                } else {
+                    FailoverTokens::MayRepeat(format!(
+                        "Patroni's REST API did not answer ({why}) and PostgreSQL's standbys are not \
+                         synchronous now (synchronous_standby_names '{names}', synchronous_commit {commit})"
+                    ))
+                };
+                return Failover::new(tokens, synchronous, defaults.detection() + reconnect);
+            }
+        };
+        let synchronous = s.synchronous_mode && waits;
+        let tokens = if synchronous {
+            FailoverTokens::Increasing(format!(
+                "Patroni's synchronous_mode promotes only the standby its sync key names, which had every \
+                 commit (synchronous_commit {commit}; synchronous_standby_names now '{names}')"
+            ))
+        } else if s.synchronous_mode {
+            FailoverTokens::MayRepeat(format!(
+                "Patroni's synchronous_mode is on, but synchronous_commit is {commit}: commits do not wait for the standby"
+            ))
+        } else {
+            FailoverTokens::MayRepeat(format!(
+                "Patroni promotes an asynchronous standby up to maximum_lag_on_failover ({} bytes of WAL) behind: \
+                 the last commits, tokens and leases among them, can be lost",
+                s.maximum_lag_on_failover
+            ))
+        };
+        Failover::new(tokens, synchronous, s.detection() + reconnect)
     }
 
     pub(crate) fn start_probe(&self) {

@@ -54,6 +54,8 @@ pub(crate) struct Inner {
     pub(crate) listener: tokio::sync::Mutex<Option<Listener>>,
     pub(crate) caps: ProbedCapabilities,
     pub(crate) display: String,
+    /// Patroni's REST API addresses, for the failover probe.
+    pub(crate) patroni: Vec<String>,
 }
 
 /// Leases in a PostgreSQL table, timed by the database clock.
@@ -142,6 +144,16 @@ impl PostgresProvider {
                 "a PostgreSQL URL starts with postgres:// or postgresql://".into(),
             ));
         }
+        for addr in &config.patroni {
+            let port = addr
+                .rsplit_once(':')
+                .map(|(host, port)| (host, port.parse::<u16>()));
+            if !matches!(port, Some((host, Ok(p))) if !host.is_empty() && p > 0) {
+                return Err(LeaseError::Config(format!(
+                    "a Patroni REST API address is host:port, not {addr:?}"
+                )));
+            }
+        }
         // rustls needs its crypto provider chosen once per process (sslmode).
         let _ = rustls::crypto::ring::default_provider().install_default();
         let hosts = Arc::new(Hosts::parse(
@@ -219,6 +231,7 @@ impl PostgresProvider {
                 listener: tokio::sync::Mutex::new(None),
                 caps: ProbedCapabilities::new(base),
                 display,
+                patroni: config.patroni,
             }),
         })
     }

@@ -21,24 +21,46 @@ async fn patroni_promotes_the_synchronous_standby_and_the_lease_survives() {
         .await
         .unwrap();
     let timeout = Duration::from_millis(800);
-    let p = PostgresProvider::new(
-        PostgresConfig::new(cluster.url())
-            .namespace(unique("patroni"))
-            .max_connections(4)
-            .timeouts(timeout, timeout),
-    )
-    .unwrap();
-    // Patroni's synchronous mode, as the primary shows it: declared.
+    let namespace = unique("patroni");
+    let config = PostgresConfig::new(cluster.url())
+        .namespace(namespace)
+        .max_connections(4)
+        .timeouts(timeout, timeout);
+    // One reads Patroni's settings, one knows PostgreSQL's alone.
+    let p = PostgresProvider::new(config.clone().patroni(cluster.rest_addrs())).unwrap();
+    let plain = PostgresProvider::new(config.clone()).unwrap();
+    // A REST API that does not answer: Patroni's defaults (ttl 30 s,
+    // loop_wait 10 s, retry_timeout 10 s) are assumed.
+    let unanswered = PostgresProvider::new(config.patroni(["127.0.0.1:1"])).unwrap();
+    let assumed = until_ok(|| unanswered.probe())
+        .await
+        .failover
+        .expect("several hosts");
+    assert!(
+        assumed.recovery >= Duration::from_secs(50),
+        "Patroni's defaults: {assumed:?}"
+    );
+    // Patroni's synchronous mode: declared, and its detection time counted.
     let caps = until_ok(|| p.probe()).await;
     let failover = caps
         .failover
         .clone()
         .expect("several hosts declare a failover");
     assert!(
-        matches!(failover.tokens, FailoverTokens::Increasing(_)),
+        matches!(&failover.tokens, FailoverTokens::Increasing(why) if why.contains("Patroni")),
         "Patroni's synchronous mode: {failover:?}"
     );
     assert!(failover.lease_survives);
+    assert!(
+        failover.recovery >= Duration::from_secs(PATRONI_TTL_SECS),
+        "the declared recovery counts Patroni's ttl: {failover:?}"
+    );
+    let plain_recovery = until_ok(|| plain.probe())
+        .await
+        .failover
+        .expect("several hosts")
+        .recovery;
+    assert!(plain_recovery < failover.recovery);
     let key = LeaseKey::new("patroni-held").unwrap();
     let counted = LeaseKey::new("patroni-counted").unwrap();
     let before = until_ok(|| p.try_acquire(&counted, TTL))
@@ -71,9 +93,9 @@ async fn patroni_promotes_the_synchronous_standby_and_the_lease_survives() {
         }
     };
     let took = killed.elapsed();
-    // Patroni's detection (its TTL, plus a loop or two and the promotion)
-    // and then what the provider declares from the promotion on.
-    let bound = Duration::from_secs(PATRONI_TTL_SECS * 3) + failover.recovery;
+    // What the provider declares: Patroni's detection and promotion, then
+    // finding the new primary (plus the test's own 100 ms retries).
+    let bound = failover.recovery + Duration::from_secs(2);
     eprintln!("served again {took:?} after the primary's host died (bound {bound:?})");
     assert!(
         took <= bound,
@@ -94,10 +116,170 @@ async fn patroni_promotes_the_synchronous_standby_and_the_lease_survives() {
     assert!(after.token() > before.token());
     p.release(&after).await.unwrap();
     p.release(&renewed).await.unwrap();
+    // One member left: Patroni cleared synchronous_standby_names, so
+    // PostgreSQL's settings alone now say a promotion may lose commits; but
+    // Patroni promotes no standby that is not in sync, and the provider
+    // that reads its settings still declares increasing tokens.
+    // (Patroni clears it a loop or more after the promotion.)
+    let promoted = Instant::now();
+    loop {
+        let plain_now = until_ok(|| plain.probe())
+            .await
+            .failover
+            .expect("several hosts");
+        if matches!(plain_now.tokens, FailoverTokens::MayRepeat(_)) {
+            break;
+        }
+        assert!(
+            promoted.elapsed() < Duration::from_secs(30),
+            "PostgreSQL's settings alone, one member left, 30 s on: {plain_now:?}\n{}",
+            cluster.members()[1 - primary].log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let now = until_ok(|| p.probe())
+        .await
+        .failover
+        .expect("several hosts");
+    assert!(
+        matches!(now.tokens, FailoverTokens::Increasing(_)),
+        "Patroni's settings, one member left: {now:?}"
+    );
 
     // The old primary's host comes back: it rejoins as a standby.
     tokio::task::spawn_blocking(move || {
         cluster.restart(primary);
+        cluster.wait_streaming(primary, Duration::from_secs(120));
+        cluster.wait_healthy(Duration::from_secs(60));
+    })
+    .await
+    .unwrap();
+}
+
+/// The split-brain case: the primary is cut off from its standby and from
+/// etcd while clients still reach it. Its commits wait for the synchronous
+/// standby it no longer reaches, and its agent, unable to renew the leader
+/// key, demotes it; the standby is promoted once the key lapses. A client
+/// pinned to the isolated primary therefore gets no write acknowledged
+/// (with asynchronous standbys it would, beside the new primary), while a
+/// client given both hosts moves to the new primary, where the lease held
+/// before the cut is still held and tokens keep growing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_isolated_primary_acknowledges_no_write_and_the_standby_takes_over() {
+    let cluster = tokio::task::spawn_blocking(|| PatroniCluster::start(2))
+        .await
+        .unwrap();
+    let timeout = Duration::from_millis(800);
+    let namespace = unique("patroni-isolated");
+    let p = PostgresProvider::new(
+        PostgresConfig::new(cluster.url())
+            .namespace(namespace.clone())
+            .max_connections(4)
+            .timeouts(timeout, timeout),
+    )
+    .unwrap();
+    let primary = cluster.wait_leader(Duration::from_secs(10));
+    // A client that knows only the primary's address.
+    let pinned = PostgresProvider::new(
+        PostgresConfig::new(format!(
+            "postgres://postgres@127.0.0.1:{}/postgres",
+            cluster.members()[primary].port()
+        ))
+        .namespace(namespace)
+        .max_connections(4)
+        .timeouts(timeout, timeout),
+    )
+    .unwrap();
+    let key = LeaseKey::new("isolated-held").unwrap();
+    let counted = LeaseKey::new("isolated-counted").unwrap();
+    let before = until_ok(|| p.try_acquire(&counted, TTL))
+        .await
+        .into_lease()
+        .unwrap();
+    p.release(&before).await.unwrap();
+    let lease = until_ok(|| pinned.try_acquire(&key, TTL))
+        .await
+        .into_lease()
+        .unwrap();
+
+    cluster.isolate(primary);
+    let cut = Instant::now();
+    // The pinned client keeps trying to write on the isolated primary
+    // until the cut heals: fresh keys, and renewals of the held lease.
+    let healed = std::sync::Arc::new(tokio::sync::Notify::new());
+    let pinned_writes = tokio::spawn({
+        let healed = std::sync::Arc::clone(&healed);
+        let lease = lease.clone();
+        async move {
+            let mut acknowledged = Vec::new();
+            let mut tries = 0u32;
+            loop {
+                tries += 1;
+                let fresh = LeaseKey::new(format!("isolated-fresh-{tries}")).unwrap();
+                if let Ok(grant) = pinned.try_acquire(&fresh, TTL).await {
+                    acknowledged.push(format!("{fresh:?}: {grant:?}"));
+                }
+                if let Ok(l) = pinned.extend(&lease, TTL).await {
+                    acknowledged.push(format!("extend: {l:?}"));
+                }
+                tokio::select! {
+                    () = healed.notified() => return (tries, acknowledged),
+                    () = tokio::time::sleep(Duration::from_millis(200)) => {}
+                }
+            }
+        }
+    });
+    // The standby is promoted once the leader key lapses; the client with
+    // both hosts finds it and renews the lease there.
+    let renewed = loop {
+        match p.extend(&lease, TTL).await {
+            Ok(l) => break l,
+            Err(e) if e.is_transient() && cut.elapsed() < Duration::from_secs(120) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!(
+                "the provider never served again: {e:?}\nthe standby's agent:\n{}",
+                cluster.members()[1 - primary].log_tail()
+            ),
+        }
+    };
+    eprintln!(
+        "served by the promoted standby {:?} after the cut",
+        cut.elapsed()
+    );
+    assert_eq!(
+        cluster.leader(),
+        Some(1 - primary),
+        "the standby was promoted and the isolated primary demoted\nthe isolated primary's agent:\n{}\nthe standby's agent:\n{}",
+        cluster.members()[primary].log_tail(),
+        cluster.members()[1 - primary].log_tail()
+    );
+    assert_eq!(renewed.token(), lease.token(), "the lease survived");
+    let other = until_ok(|| p.try_acquire(&key, TTL)).await;
+    assert!(
+        other.into_lease().is_none(),
+        "the held lease is still held on the new primary"
+    );
+    let after = until_ok(|| p.try_acquire(&counted, TTL))
+        .await
+        .into_lease()
+        .unwrap();
+    assert!(after.token() > before.token());
+    // A few more attempts on the isolated (now demoted) member, then heal.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    cluster.rejoin(primary);
+    healed.notify_one();
+    let (tries, acknowledged) = pinned_writes.await.unwrap();
+    assert!(
+        acknowledged.is_empty(),
+        "the isolated primary acknowledged writes beside the new primary ({} of {tries} rounds): {acknowledged:?}",
+        acknowledged.len()
+    );
+    assert!(tries >= 5, "the pinned client tried only {tries} rounds");
+    p.release(&after).await.unwrap();
+    p.release(&renewed).await.unwrap();
+    // The old primary rejoins as a standby of the new one.
+    tokio::task::spawn_blocking(move || {
         cluster.wait_streaming(primary, Duration::from_secs(120));
         cluster.wait_healthy(Duration::from_secs(60));
     })

@@ -11,6 +11,7 @@
 
 mod etcd;
 mod galera;
+mod links;
 mod members;
 mod patroni;
 mod postgres;

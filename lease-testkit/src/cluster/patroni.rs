@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use super::links::Links;
 use super::members::{loopback_hosts, member_dir, psql};
 use super::topology::Topology;
 use crate::{OwnedProcess, Readiness, free_port, owned_etcd, pg_bindir};
@@ -34,6 +35,13 @@ pub fn patroni_bin() -> PathBuf {
 /// commit). When the primary's agent dies, its leader key lapses after
 /// [`PATRONI_TTL_SECS`] and a standby is promoted; a member started again
 /// rejoins as a standby (rewound with `pg_rewind` when it diverged).
+///
+/// Clients reach each member's PostgreSQL directly ([`url`](Self::url));
+/// everything between the members goes through proxies a member owns: its
+/// agent's connection to etcd, and the addresses it publishes to the others
+/// (its PostgreSQL, which the standbys stream from, and its REST API, which
+/// they ask before a promotion). [`isolate`](Self::isolate) cuts those, so
+/// the member is alone while its clients still reach it.
 #[derive(Debug)]
 pub struct PatroniCluster {
     members: Vec<OwnedProcess>,
@@ -41,6 +49,8 @@ pub struct PatroniCluster {
     data: Vec<PathBuf>,
     /// Each member's REST API port.
     rest: Vec<u16>,
+    /// The paths between the members.
+    links: Links,
     /// The etcd holding the cluster's state.
     _etcd: OwnedProcess,
 }
@@ -56,12 +66,21 @@ impl PatroniCluster {
         let patroni = patroni_bin();
         let bindir = pg_bindir();
         let scope = format!("lease-{}", free_port());
+        let mut links = Links::new(n);
         let mut members = Vec::new();
         let mut data = Vec::new();
         let mut rests = Vec::new();
         for i in 0..n {
             let dir = member_dir("patroni");
             let (port, rest) = (free_port(), free_port());
+            // What the others reach of this member, and its way to etcd
+            // (`use_proxies`: without it Patroni asks etcd for its members'
+            // addresses and connects to those, around the link).
+            let (port_link, rest_link, etcd_link) = (
+                links.through(i, port),
+                links.through(i, rest),
+                links.through(i, etcd.port()),
+            );
             let data_dir = dir.path().join("data");
             let config = dir.path().join("patroni.yml");
             std::fs::write(
@@ -71,9 +90,10 @@ impl PatroniCluster {
 name: m{i}
 restapi:
   listen: 127.0.0.1:{rest}
-  connect_address: 127.0.0.1:{rest}
+  connect_address: 127.0.0.1:{rest_link}
 etcd3:
-  hosts: 127.0.0.1:{etcd_port}
+  hosts: 127.0.0.1:{etcd_link}
+  use_proxies: true
 bootstrap:
   dcs:
     ttl: {PATRONI_TTL_SECS}
@@ -94,7 +114,7 @@ bootstrap:
   - local all all trust
 postgresql:
   listen: 127.0.0.1:{port}
-  connect_address: 127.0.0.1:{port}
+  connect_address: 127.0.0.1:{port_link}
   data_dir: {data}
   bin_dir: {bindir}
   pgpass: {socket}/pgpass
@@ -105,7 +125,6 @@ postgresql:
   parameters:
     unix_socket_directories: {socket}
 ",
-                    etcd_port = etcd.port(),
                     data = data_dir.display(),
                     bindir = bindir.display(),
                     socket = dir.path().display(),
@@ -136,6 +155,7 @@ postgresql:
             members,
             data,
             rest: rests,
+            links,
             _etcd: etcd,
         };
         cluster.wait_healthy(Duration::from_secs(120));
@@ -149,6 +169,12 @@ postgresql:
             "postgres://postgres@{}/postgres",
             loopback_hosts(&self.members)
         )
+    }
+
+    /// Every member's REST API, `127.0.0.1:PORT` (reached directly, as
+    /// clients reach PostgreSQL).
+    pub fn rest_addrs(&self) -> Vec<String> {
+        self.rest.iter().map(|p| format!("127.0.0.1:{p}")).collect()
     }
 
     /// kill -9 of member `i`: its agent and its PostgreSQL (which runs in a
@@ -203,6 +229,20 @@ postgresql:
         let mut head = [0u8; 12];
         s.read_exact(&mut head).ok()?;
         std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
+    }
+
+    /// Cuts member `i` off from the others and from etcd, while its clients
+    /// still reach it: its agent loses the leader key (a primary demotes
+    /// itself once it cannot renew it within `retry_timeout`), the standbys
+    /// stop streaming from it, and none can ask it before a promotion.
+    pub fn isolate(&self, i: usize) {
+        self.links.isolate(i);
+    }
+
+    /// Heals what [`isolate`](Self::isolate) cut: the member rejoins (a
+    /// former primary as a standby, rewound when it diverged).
+    pub fn rejoin(&self, i: usize) {
+        self.links.rejoin(i);
     }
 
     /// Starts a killed member again on its own data: it rejoins as a
@@ -338,6 +378,20 @@ impl Topology for PatroniCluster {
             signal_group(pid, "CONT");
         }
         self.members[i].thaw();
+    }
+    fn can_isolate(&self) -> bool {
+        true
+    }
+    fn isolate_member(&self, i: usize) {
+        self.isolate(i);
+    }
+    fn rejoin_member(&self, i: usize) {
+        self.rejoin(i);
+    }
+    /// Long enough for the leader key to lapse and a standby to be
+    /// promoted.
+    fn isolation_hold(&self) -> Duration {
+        Duration::from_secs(PATRONI_TTL_SECS + 5)
     }
     /// One primary, every other running member streaming from it, and one
     /// of them its synchronous standby.

@@ -44,6 +44,30 @@ pub trait Topology: Send + Sync {
         self.members()[i].thaw();
     }
 
+    /// True when [`isolate_member`](Self::isolate_member) cuts something:
+    /// the topology's members reach each other through links it owns.
+    fn can_isolate(&self) -> bool {
+        false
+    }
+
+    /// Cuts member `i` off from the other members (and from a coordination
+    /// store they share) while its clients still reach it: the split-brain
+    /// case. Nothing when [`can_isolate`](Self::can_isolate) is false.
+    fn isolate_member(&self, i: usize) {
+        let _ = i;
+    }
+
+    /// Heals what [`isolate_member`](Self::isolate_member) cut.
+    fn rejoin_member(&self, i: usize) {
+        let _ = i;
+    }
+
+    /// How long an isolation must last for the others to act on it (elect
+    /// another leader); zero when any length shows the case.
+    fn isolation_hold(&self) -> Duration {
+        Duration::ZERO
+    }
+
     /// Waits until [`healthy`](Self::healthy).
     ///
     /// # Panics
