@@ -99,11 +99,13 @@ impl Store {
                 schema,
                 table,
                 advisory,
+                patroni,
             } => {
                 let config = lease_postgres::PostgresConfig::new(url)
                     .namespace(namespace)
                     .table(schema, table)
-                    .timeouts(connect, request);
+                    .timeouts(connect, request)
+                    .patroni(patroni.clone());
                 if *advisory {
                     Ok(Arc::new(lease_postgres::AdvisoryProvider::new(config)?))
                 } else {

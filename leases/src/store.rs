@@ -7,7 +7,7 @@ use lease_api::{LeaseError, Result};
 /// The store URL forms this crate understands.
 pub const URL_FORMS: &str = "memory://, redis://host:port[/db], rediss://...[?ca=/path/ca.pem], \
 redis+sentinel://host1:port,host2:port/<master-name>[/db][?wait=N], \
-redis+cluster://host1:port,host2:port[?wait=N], redlock://host1:port,host2:port,host3:port, postgres://user@host[:port][,host:port...]/db[?lease_table=schema.table][&lease_mode=advisory], \
+redis+cluster://host1:port,host2:port[?wait=N], redlock://host1:port,host2:port,host3:port, postgres://user@host[:port][,host:port...]/db[?lease_table=schema.table][&lease_mode=advisory][&lease_patroni=host:port,...], \
 mysql://user@host[:port][,host:port...]/db[?lease_table=table][&lease_mode=advisory] (also mariadb://), \
 etcd://host1:port[,host2:port] (etcds:// for TLS), zk://host1:port[,host2:port][/chroot], \
 sqlite:///path/to/leases.db";
@@ -36,6 +36,10 @@ pub enum Store {
         /// `lease_mode=advisory`: leases are session advisory locks
         /// ([`lease_postgres::AdvisoryProvider`]), not rows.
         advisory: bool,
+        /// `lease_patroni=host:port[,host:port...]`: Patroni's REST APIs,
+        /// where the failover probe reads the cluster's settings
+        /// (`PostgresConfig::patroni`).
+        patroni: Vec<String>,
     },
     /// `mysql://` or `mariadb://`: MySQL or MariaDB.
     Mysql {
@@ -179,6 +183,7 @@ fn parse_etcd(scheme: &str, rest: &str) -> Result<Store> {
 const POSTGRES_PARAMS: &[&str] = &[
     "lease_table",
     "lease_mode",
+    "lease_patroni",
     "sslmode",
     "ssl-mode",
     "sslrootcert",
@@ -239,6 +244,7 @@ impl std::fmt::Display for Store {
                 schema,
                 table,
                 advisory,
+                patroni,
             } => {
                 let sep = if url.contains('?') { '&' } else { '?' };
                 let mode = if *advisory {
@@ -246,7 +252,12 @@ impl std::fmt::Display for Store {
                 } else {
                     ""
                 };
-                format!("{url}{sep}lease_table={schema}.{table}{mode}")
+                let patroni = if patroni.is_empty() {
+                    String::new()
+                } else {
+                    format!("&lease_patroni={}", patroni.join(","))
+                };
+                format!("{url}{sep}lease_table={schema}.{table}{mode}{patroni}")
             }
             Store::Mysql {
                 url,
@@ -369,12 +380,20 @@ impl Store {
                 let mut keep = Vec::new();
                 let (mut schema, mut table) = ("public".to_owned(), None);
                 let mut advisory = false;
+                let mut patroni = Vec::new();
                 for pair in query.split('&').filter(|p| !p.is_empty()) {
                     match pair.split_once('=') {
                         Some(("lease_table", v)) => match v.split_once('.') {
                             Some((s, t)) => (schema, table) = (s.to_owned(), Some(t.to_owned())),
                             None => table = Some(v.to_owned()),
                         },
+                        Some(("lease_patroni", v)) => {
+                            patroni = v
+                                .split(',')
+                                .filter(|a| !a.is_empty())
+                                .map(str::to_owned)
+                                .collect();
+                        }
                         Some(("lease_mode", "advisory")) => advisory = true,
                         Some(("lease_mode", "table")) => advisory = false,
                         Some(("lease_mode", other)) => {
@@ -404,6 +423,7 @@ impl Store {
                     schema,
                     table,
                     advisory,
+                    patroni,
                 })
             }
             "mysql" | "mariadb" => {
@@ -522,6 +542,7 @@ impl Store {
                 schema: schema.clone(),
                 table: table.clone(),
                 advisory: *advisory,
+                patroni: Vec::new(),
             },
             Store::Mysql {
                 table, advisory, ..
@@ -602,6 +623,7 @@ mod tests {
                 schema: "locks".into(),
                 table: "leases".into(),
                 advisory: false,
+                patroni: Vec::new(),
             }
         );
         assert_eq!(
@@ -636,12 +658,23 @@ mod tests {
         assert!(Store::parse("mysql://u@a:1,a:1/db").is_err());
         assert!(Store::parse("mysql://u@a:1,b:2/db?lease_tabel=x").is_err());
         assert_eq!(
+            Store::parse("postgres://u@h1:5432,h2:5432/db?lease_patroni=h1:8008,h2:8008").unwrap(),
+            Store::Postgres {
+                url: "postgres://u@h1:5432,h2:5432/db".into(),
+                schema: "public".into(),
+                table: "lease_leases".into(),
+                advisory: false,
+                patroni: vec!["h1:8008".into(), "h2:8008".into()],
+            }
+        );
+        assert_eq!(
             Store::parse("postgresql://u@h/db").unwrap(),
             Store::Postgres {
                 url: "postgresql://u@h/db".into(),
                 schema: "public".into(),
                 table: "lease_leases".into(),
                 advisory: false,
+                patroni: Vec::new(),
             }
         );
         assert_eq!(
@@ -651,6 +684,7 @@ mod tests {
                 schema: "public".into(),
                 table: "lease_advisory".into(),
                 advisory: true,
+                patroni: Vec::new(),
             }
         );
         // Several hosts (a primary and its standbys): each a host[:port]
@@ -663,6 +697,7 @@ mod tests {
                 schema: "public".into(),
                 table: "lease_advisory".into(),
                 advisory: true,
+                patroni: Vec::new(),
             }
         );
         for bad in [
