@@ -237,15 +237,26 @@ impl Nemesis<'_> {
                 let Some(members) = &self.members else {
                     return Ok(Injection::Skipped);
                 };
-                // While somebody holds: the fault lands mid-lease.
+                // While somebody holds: the fault lands mid-lease. An
+                // isolation (one per cell, long) stays due until then.
                 if pick_holder(sink, ttl * 2).await.is_none() {
-                    return Ok(Injection::Skipped);
+                    return Ok(if kind == FaultKind::LeaderIsolate {
+                        Injection::Retry
+                    } else {
+                        Injection::Skipped
+                    });
                 }
                 let Some(leader) = on_members(members, |m| m.leader()).await? else {
                     return Ok(Injection::Skipped);
                 };
                 let begin = mono_ns();
-                let hold = on_members(members, |m| m.isolation_hold()).await?;
+                let hold = if kind == FaultKind::LeaderIsolate {
+                    on_members(members, |m| m.isolation_hold())
+                        .await
+                        .unwrap_or_default()
+                } else {
+                    Duration::ZERO
+                };
                 let hit = match kind {
                     FaultKind::LeaderKill => on_members(members, move |m| m.kill(leader)).await,
                     FaultKind::LeaderPause => on_members(members, move |m| m.freeze(leader)).await,

@@ -87,6 +87,17 @@ async fn cell<T: Topology + 'static>(
     url: impl FnOnce(&T) -> String,
     faults: &str,
 ) -> Report {
+    cell_for(start, url, faults, "40s").await
+}
+
+/// A cell run for `duration` (it goes on, up to twice as long, until every
+/// fault kind was injected).
+async fn cell_for<T: Topology + 'static>(
+    start: impl FnOnce() -> T + Send + 'static,
+    url: impl FnOnce(&T) -> String,
+    faults: &str,
+    duration: &str,
+) -> Report {
     let _one = ONE_AT_A_TIME.lock().await;
     let topology = tokio::task::spawn_blocking(start).await.unwrap();
     let store = url(&topology);
@@ -100,7 +111,7 @@ async fn cell<T: Topology + 'static>(
         "--fault-every",
         "1s",
         "--duration",
-        "40s",
+        duration,
         "--ttl",
         "2s",
         "--dir",
@@ -145,7 +156,15 @@ fn holds(r: &Report) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn patroni_postgres_holds_when_its_primary_is_killed_frozen_or_isolated() {
     let faults = format!("{ALL_FAULTS},leader-isolate");
-    let r = cell(|| PatroniCluster::start(2), PatroniCluster::url, &faults).await;
+    // Longer: one isolation holds for Patroni's ttl and more, and the
+    // member rejoins (rewound) before the next fault.
+    let r = cell_for(
+        || PatroniCluster::start(2),
+        PatroniCluster::url,
+        &faults,
+        "60s",
+    )
+    .await;
     holds(&r);
     assert!(
         r.injected.get("leader-isolate").copied().unwrap_or(0) >= 1,

@@ -85,7 +85,9 @@ impl PatroniSettings {
     /// members, `pg_ctl promote`, the sync key) is bounded by one
     /// `retry_timeout`.
     pub(crate) fn detection(&self) -> Duration {
-        self.ttl + self.loop_wait + self.retry_timeout
+        self.ttl
+            .saturating_add(self.loop_wait)
+            .saturating_add(self.retry_timeout)
     }
 }
 
@@ -165,6 +167,12 @@ mod tests {
                 .synchronous_mode
         );
         assert!(PatroniSettings::from_json(br#"{"ttl": "x"}"#).is_err());
+        // A huge setting saturates, never panics.
+        let huge = PatroniSettings::from_json(
+            br#"{"ttl": 18446744073709551615, "loop_wait": 18446744073709551615}"#,
+        )
+        .unwrap();
+        assert!(huge.detection() >= Duration::from_secs(u64::MAX / 2));
         assert!(PatroniSettings::from_json(b"[1]").is_err());
         assert!(PatroniSettings::from_json(b"<html>").is_err());
     }

@@ -20,9 +20,12 @@ impl PostgresProvider {
         }
     }
     /// Asks the server whether committed rows survive a crash (`fsync`,
-    /// `synchronous_commit`) and returns the capabilities with that answer (also
-    /// what [`capabilities`](lease_api::LeaseProvider::capabilities) reports from then on).
-    /// Happens by itself in the background on first use.
+    /// `synchronous_commit`) and returns the capabilities with that answer.
+    /// The first answer is also what
+    /// [`capabilities`](lease_api::LeaseProvider::capabilities) reports for
+    /// the provider's life; a later call returns what it finds then (after
+    /// a failover, or a change of Patroni's settings), which `capabilities`
+    /// does not follow. Happens by itself in the background on first use.
     ///
     /// # Errors
     /// `Unavailable` when the database cannot be reached.
@@ -61,7 +64,9 @@ impl PostgresProvider {
                     .into(),
             )
         };
-        if !self.inner.hosts.is_multi() {
+        // One host with Patroni named is a cluster behind a proxy or a
+        // virtual address: it fails over too.
+        if !self.inner.hosts.is_multi() && self.inner.patroni.is_empty() {
             return Ok(self.inner.caps.record(durable_tokens));
         }
         let failover = self.probe_failover().await?;
@@ -153,7 +158,11 @@ impl PostgresProvider {
                          synchronous now (synchronous_standby_names '{names}', synchronous_commit {commit})"
                     ))
                 };
-                return Failover::new(tokens, synchronous, defaults.detection() + reconnect);
+                return Failover::new(
+                    tokens,
+                    synchronous,
+                    defaults.detection().saturating_add(reconnect),
+                );
             }
         };
         let synchronous = s.synchronous_mode && waits;
@@ -173,7 +182,7 @@ impl PostgresProvider {
                 s.maximum_lag_on_failover
             ))
         };
-        Failover::new(tokens, synchronous, s.detection() + reconnect)
+        Failover::new(tokens, synchronous, s.detection().saturating_add(reconnect))
     }
 
     pub(crate) fn start_probe(&self) {

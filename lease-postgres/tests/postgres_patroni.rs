@@ -47,7 +47,7 @@ async fn patroni_promotes_the_synchronous_standby_and_the_lease_survives() {
         .clone()
         .expect("several hosts declare a failover");
     assert!(
-        matches!(&failover.tokens, FailoverTokens::Increasing(why) if why.contains("Patroni")),
+        matches!(&failover.tokens, FailoverTokens::Increasing(why) if why.contains("sync key")),
         "Patroni's synchronous mode: {failover:?}"
     );
     assert!(failover.lease_survives);
