@@ -237,14 +237,11 @@ impl Nemesis<'_> {
                 let Some(members) = &self.members else {
                     return Ok(Injection::Skipped);
                 };
-                // While somebody holds: the fault lands mid-lease. An
-                // isolation (one per cell, long) stays due until then.
+                // While somebody holds: the fault lands mid-lease, and stays
+                // due until then (a cell whose faults leave it unavailable
+                // for long had none left to inject before its deadline).
                 if pick_holder(sink, ttl * 2).await.is_none() {
-                    return Ok(if kind == FaultKind::LeaderIsolate {
-                        Injection::Retry
-                    } else {
-                        Injection::Skipped
-                    });
+                    return Ok(Injection::Retry);
                 }
                 let Some(leader) = on_members(members, |m| m.leader()).await? else {
                     return Ok(Injection::Skipped);

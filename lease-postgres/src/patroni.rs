@@ -17,6 +17,9 @@ pub(crate) struct PatroniSettings {
     pub(crate) loop_wait: Duration,
     /// How long an agent retries the DCS and PostgreSQL before it acts.
     pub(crate) retry_timeout: Duration,
+    /// How long the agent restarts a crashed primary before it fails over
+    /// instead (`primary_start_timeout`).
+    pub(crate) primary_start_timeout: Duration,
     /// Only the standby Patroni's sync key names may be promoted.
     pub(crate) synchronous_mode: bool,
     /// How far behind (bytes of WAL) an asynchronous standby may be and
@@ -29,6 +32,7 @@ impl PatroniSettings {
     const DEFAULT_TTL: u64 = 30;
     const DEFAULT_LOOP_WAIT: u64 = 10;
     const DEFAULT_RETRY_TIMEOUT: u64 = 10;
+    const DEFAULT_PRIMARY_START_TIMEOUT: u64 = 300;
     const DEFAULT_MAX_LAG: u64 = 1_048_576;
 
     /// Patroni's defaults (`ttl` 30 s, `loop_wait` 10 s, asynchronous,
@@ -39,6 +43,7 @@ impl PatroniSettings {
             ttl: Duration::from_secs(Self::DEFAULT_TTL),
             loop_wait: Duration::from_secs(Self::DEFAULT_LOOP_WAIT),
             retry_timeout: Duration::from_secs(Self::DEFAULT_RETRY_TIMEOUT),
+            primary_start_timeout: Duration::from_secs(Self::DEFAULT_PRIMARY_START_TIMEOUT),
             synchronous_mode: false,
             maximum_lag_on_failover: Self::DEFAULT_MAX_LAG,
         }
@@ -70,24 +75,41 @@ impl PatroniSettings {
             }
             Some(x) => return Err(format!("synchronous_mode is {x}")),
         };
+        // Patroni raises settings below its minimums before it uses them
+        // (ttl 20 s, loop_wait 1 s, retry_timeout 3 s); a configuration
+        // stored as written may still show the smaller value.
         Ok(PatroniSettings {
-            ttl: Duration::from_secs(secs("ttl", Self::DEFAULT_TTL)?),
-            loop_wait: Duration::from_secs(secs("loop_wait", Self::DEFAULT_LOOP_WAIT)?),
-            retry_timeout: Duration::from_secs(secs("retry_timeout", Self::DEFAULT_RETRY_TIMEOUT)?),
+            ttl: Duration::from_secs(secs("ttl", Self::DEFAULT_TTL)?.max(20)),
+            loop_wait: Duration::from_secs(secs("loop_wait", Self::DEFAULT_LOOP_WAIT)?.max(1)),
+            retry_timeout: Duration::from_secs(
+                secs("retry_timeout", Self::DEFAULT_RETRY_TIMEOUT)?.max(3),
+            ),
+            primary_start_timeout: Duration::from_secs(secs(
+                "primary_start_timeout",
+                Self::DEFAULT_PRIMARY_START_TIMEOUT,
+            )?),
             synchronous_mode,
             maximum_lag_on_failover: secs("maximum_lag_on_failover", Self::DEFAULT_MAX_LAG)?,
         })
     }
 
-    /// How long after a primary dies Patroni may take to promote a standby:
-    /// the leader key lapses one `ttl` after its last renewal, a standby
-    /// notices within one `loop_wait`, and its promotion (asking the other
-    /// members, `pg_ctl promote`, the sync key) is bounded by one
-    /// `retry_timeout`.
+    /// How long after a primary is lost Patroni may take to promote a
+    /// standby, the worse of two cases. The host dies: the leader key lapses
+    /// one `ttl` after its last renewal, a standby notices within one
+    /// `loop_wait`, and its promotion (asking the other members, `pg_ctl
+    /// promote`, the sync key) is bounded by one `retry_timeout`. PostgreSQL
+    /// crashes under a live agent: the agent restarts it for up to
+    /// `primary_start_timeout` before it hands over, noticed within a loop.
     pub(crate) fn detection(&self) -> Duration {
-        self.ttl
+        let host_dies = self
+            .ttl
             .saturating_add(self.loop_wait)
-            .saturating_add(self.retry_timeout)
+            .saturating_add(self.retry_timeout);
+        let server_crashes = self
+            .primary_start_timeout
+            .saturating_add(self.loop_wait)
+            .saturating_add(self.retry_timeout);
+        host_dies.max(server_crashes)
     }
 }
 
@@ -151,15 +173,27 @@ mod tests {
     #[test]
     fn settings_come_from_the_config_or_patronis_defaults() {
         let s = PatroniSettings::from_json(
-            br#"{"ttl": 10, "loop_wait": 1, "retry_timeout": 4, "maximum_lag_on_failover": 1024, "synchronous_mode": true, "postgresql": {}}"#,
+            br#"{"ttl": 10, "loop_wait": 1, "retry_timeout": 4, "primary_start_timeout": 0, "maximum_lag_on_failover": 1024, "synchronous_mode": true, "postgresql": {}}"#,
         )
         .unwrap();
-        assert_eq!(s.ttl, Duration::from_secs(10));
-        assert_eq!(s.detection(), Duration::from_secs(15));
+        // Patroni's floor: a ttl of 10 runs as 20.
+        assert_eq!(s.ttl, Duration::from_secs(20));
+        assert_eq!(s.detection(), Duration::from_secs(25));
         assert!(s.synchronous_mode);
         assert_eq!(s.maximum_lag_on_failover, 1024);
         let d = PatroniSettings::from_json(b"{}").unwrap();
-        assert_eq!(d.detection(), Duration::from_secs(50));
+        // Patroni's defaults: a crashed primary is restarted for 300 s.
+        assert_eq!(d.detection(), Duration::from_secs(320));
+        let slow_restart = PatroniSettings::from_json(
+            br#"{"ttl": 10, "loop_wait": 1, "retry_timeout": 4, "primary_start_timeout": 60}"#,
+        )
+        .unwrap();
+        assert_eq!(slow_restart.detection(), Duration::from_secs(65));
+        let long_ttl = PatroniSettings::from_json(
+            br#"{"ttl": 60, "loop_wait": 10, "retry_timeout": 10, "primary_start_timeout": 30}"#,
+        )
+        .unwrap();
+        assert_eq!(long_ttl.detection(), Duration::from_secs(80));
         assert!(!d.synchronous_mode);
         assert!(
             PatroniSettings::from_json(br#"{"synchronous_mode": "quorum"}"#)

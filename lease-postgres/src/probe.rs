@@ -102,26 +102,16 @@ impl PostgresProvider {
         let per_host = self.inner.hosts.connect_timeout();
         let hosts = u32::try_from(self.inner.hosts.len()).unwrap_or(u32::MAX);
         let reconnect = self.inner.response_timeout * 2 + per_host.saturating_mul(hosts);
-        if !self.inner.patroni.is_empty() {
-            return Ok(self
-                .patroni_failover(&names, &commit, waits, reconnect)
-                .await);
-        }
-        // The settings decide: with them every commit waits (blocks, if no
-        // standby is there) until a synchronous standby has it. How many are
-        // in sync right now is only reported.
-        let synchronous = !names.trim().is_empty() && waits;
-        let tokens = if synchronous {
-            FailoverTokens::Increasing(format!(
-                "every commit, each token's among them, reaches a synchronous standby before it returns \
-                 (synchronous_standby_names '{names}', synchronous_commit {commit}; {sync_standbys} in sync when probed)"
-            ))
-        } else {
-            FailoverTokens::MayRepeat(format!(
-                "the standbys are asynchronous (synchronous_standby_names '{names}', synchronous_commit {commit}, \
-                 {sync_standbys} in sync): a promotion can lose the last commits, tokens and leases among them"
-            ))
+        let replication = Replication {
+            names,
+            commit,
+            waits,
+            sync_standbys,
         };
+        if !self.inner.patroni.is_empty() {
+            return Ok(self.patroni_failover(&replication, reconnect).await);
+        }
+        let (tokens, synchronous) = replication.tokens();
         Ok(Failover::new(tokens, synchronous, reconnect))
     }
 
@@ -130,42 +120,35 @@ impl PostgresProvider {
     /// `synchronous_mode` is on, so with commits that wait for it no token
     /// is lost, even while PostgreSQL's `synchronous_standby_names` is
     /// empty (Patroni clears it when no standby is in sync, and then
-    /// promotes none). Recovery adds Patroni's detection, `ttl` plus
-    /// `loop_wait`. When no REST API answers, Patroni's defaults are
-    /// assumed for the time and PostgreSQL's settings for the tokens.
+    /// promotes none). Recovery adds Patroni's detection
+    /// ([`PatroniSettings::detection`](crate::patroni::PatroniSettings::detection)).
+    /// When no REST API answers, Patroni's defaults are assumed for the
+    /// time and PostgreSQL's settings decide the tokens.
     async fn patroni_failover(
         &self,
-        names: &str,
-        commit: &str,
-        waits: bool,
+        replication: &Replication,
         reconnect: std::time::Duration,
     ) -> Failover {
+        let Replication { names, commit, .. } = replication;
         let settings =
             crate::patroni::read_settings(&self.inner.patroni, self.inner.response_timeout).await;
         let s = match settings {
             Ok(s) => s,
             Err(why) => {
-                let defaults = crate::patroni::PatroniSettings::defaults();
-                let synchronous = !names.trim().is_empty() && waits;
-                let tokens = if synchronous {
-                    FailoverTokens::Increasing(format!(
-                        "every commit reaches a synchronous standby (synchronous_standby_names '{names}', \
-                         synchronous_commit {commit}); Patroni's REST API did not answer ({why})"
-                    ))
-                } else {
-                    FailoverTokens::MayRepeat(format!(
-                        "Patroni's REST API did not answer ({why}) and PostgreSQL's standbys are not \
-                         synchronous now (synchronous_standby_names '{names}', synchronous_commit {commit})"
-                    ))
-                };
-                return Failover::new(
-                    tokens,
-                    synchronous,
-                    defaults.detection().saturating_add(reconnect),
+                let (tokens, synchronous) = replication.tokens();
+                let note = format!(
+                    "; Patroni's REST API did not answer ({why}): its default times assumed"
                 );
+                let tokens = match tokens {
+                    FailoverTokens::Increasing(t) => FailoverTokens::Increasing(t + &note),
+                    FailoverTokens::MayRepeat(t) => FailoverTokens::MayRepeat(t + &note),
+                    other => other,
+                };
+                let detection = crate::patroni::PatroniSettings::defaults().detection();
+                return Failover::new(tokens, synchronous, detection.saturating_add(reconnect));
             }
         };
-        let synchronous = s.synchronous_mode && waits;
+        let synchronous = s.synchronous_mode && replication.waits;
         let tokens = if synchronous {
             FailoverTokens::Increasing(format!(
                 "Patroni's synchronous_mode promotes only the standby its sync key names, which had every \
@@ -194,5 +177,45 @@ impl PostgresProvider {
                 }
             });
         }
+    }
+}
+
+/// The primary's replication settings, as the probe read them.
+struct Replication {
+    /// `synchronous_standby_names`.
+    names: String,
+    /// `synchronous_commit`.
+    commit: String,
+    /// Whether `synchronous_commit` makes a commit wait for the standby.
+    waits: bool,
+    /// Standbys streaming as `sync` or `quorum` when probed.
+    sync_standbys: i64,
+}
+
+impl Replication {
+    /// What PostgreSQL's settings alone say a promotion keeps, and whether
+    /// leases survive it. The settings decide: with them every commit waits
+    /// (blocks, if no standby is there) until a synchronous standby has it.
+    /// How many are in sync right now is only reported.
+    fn tokens(&self) -> (FailoverTokens, bool) {
+        let Replication {
+            names,
+            commit,
+            waits,
+            sync_standbys,
+        } = self;
+        let synchronous = !names.trim().is_empty() && *waits;
+        let tokens = if synchronous {
+            FailoverTokens::Increasing(format!(
+                "every commit, each token's among them, reaches a synchronous standby before it returns \
+                 (synchronous_standby_names '{names}', synchronous_commit {commit}; {sync_standbys} in sync when probed)"
+            ))
+        } else {
+            FailoverTokens::MayRepeat(format!(
+                "the standbys are asynchronous (synchronous_standby_names '{names}', synchronous_commit {commit}, \
+                 {sync_standbys} in sync): a promotion can lose the last commits, tokens and leases among them"
+            ))
+        };
+        (tokens, synchronous)
     }
 }

@@ -11,8 +11,11 @@ use super::topology::Topology;
 use crate::{OwnedProcess, Readiness, free_port, owned_etcd, pg_bindir};
 
 /// Patroni's leader key TTL, in seconds: the primary's lock in etcd lapses
-/// this long after its agent dies, and a standby may then take it.
-pub const PATRONI_TTL_SECS: u64 = 10;
+/// this long after its agent dies, and a standby may then take it. 20 is
+/// the least Patroni accepts: it raises a smaller `ttl` to 20 (and says so
+/// in its log), which a cluster configured with 10 showed as a 20 s
+/// failover.
+pub const PATRONI_TTL_SECS: u64 = 20;
 
 /// The `patroni` program: `LEASE_TEST_PATRONI`, which `scripts/stores env`
 /// points at the virtual environment `scripts/stores install` makes.
@@ -99,6 +102,7 @@ bootstrap:
     ttl: {PATRONI_TTL_SECS}
     loop_wait: 1
     retry_timeout: 4
+    primary_start_timeout: 0
     maximum_lag_on_failover: 1048576
     synchronous_mode: true
     postgresql:
@@ -234,7 +238,10 @@ postgresql:
     /// Cuts member `i` off from the others and from etcd, while its clients
     /// still reach it: its agent loses the leader key (a primary demotes
     /// itself once it cannot renew it within `retry_timeout`), the standbys
-    /// stop streaming from it, and none can ask it before a promotion.
+    /// stop streaming from it, and none can ask it before a promotion. The
+    /// paths it dials to the others' addresses stay open: a primary dials
+    /// none of them (`failsafe_mode`, which would, is off), while an
+    /// isolated standby can still stream from the primary.
     pub fn isolate(&self, i: usize) {
         self.links.isolate(i);
     }
