@@ -8,12 +8,35 @@
 
 use std::time::{Duration, Instant};
 
-use lease_api::{FailoverTokens, LeaseKey, LeaseProvider};
+use lease_api::{FailoverTokens, Lease, LeaseKey, LeaseProvider};
 use lease_postgres::{PostgresConfig, PostgresProvider};
 use lease_testkit::cluster::{PATRONI_TTL_SECS, PatroniCluster, Topology};
 use lease_testkit::{unique, until_ok};
 
 const TTL: Duration = Duration::from_secs(120);
+
+/// Renews `lease` until the provider serves again (the standby promoted),
+/// for up to 120 s after `since`; only transient errors are waited out.
+async fn renew_on_the_standby(
+    p: &PostgresProvider,
+    lease: &Lease,
+    cluster: &PatroniCluster,
+    standby: usize,
+    since: Instant,
+) -> Lease {
+    loop {
+        match p.extend(lease, TTL).await {
+            Ok(l) => return l,
+            Err(e) if e.is_transient() && since.elapsed() < Duration::from_secs(120) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!(
+                "the provider never served again: {e:?}\nthe standby's agent:\n{}",
+                cluster.members()[standby].log_tail()
+            ),
+        }
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn patroni_promotes_the_synchronous_standby_and_the_lease_survives() {
@@ -80,18 +103,7 @@ async fn patroni_promotes_the_synchronous_standby_and_the_lease_survives() {
     let killed = Instant::now();
     // The leader key lapses after Patroni's TTL; the standby is promoted
     // and the provider connects to it.
-    let renewed = loop {
-        match p.extend(&lease, TTL).await {
-            Ok(l) => break l,
-            Err(e) if e.is_transient() && killed.elapsed() < Duration::from_secs(120) => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(e) => panic!(
-                "the provider never served again: {e:?}\nthe standby's agent:\n{}",
-                cluster.members()[1 - primary].log_tail()
-            ),
-        }
-    };
+    let renewed = renew_on_the_standby(&p, &lease, &cluster, 1 - primary, killed).await;
     let took = killed.elapsed();
     // What the provider declares: Patroni's detection and promotion, then
     // finding the new primary (plus the test's own 100 ms retries).
@@ -231,18 +243,7 @@ async fn an_isolated_primary_acknowledges_no_write_and_the_standby_takes_over() 
     });
     // The standby is promoted once the leader key lapses; the client with
     // both hosts finds it and renews the lease there.
-    let renewed = loop {
-        match p.extend(&lease, TTL).await {
-            Ok(l) => break l,
-            Err(e) if e.is_transient() && cut.elapsed() < Duration::from_secs(120) => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(e) => panic!(
-                "the provider never served again: {e:?}\nthe standby's agent:\n{}",
-                cluster.members()[1 - primary].log_tail()
-            ),
-        }
-    };
+    let renewed = renew_on_the_standby(&p, &lease, &cluster, 1 - primary, cut).await;
     eprintln!(
         "served by the promoted standby {:?} after the cut",
         cut.elapsed()
