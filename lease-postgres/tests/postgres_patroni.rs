@@ -78,6 +78,12 @@ async fn patroni_promotes_the_synchronous_standby_and_the_lease_survives() {
         failover.recovery >= Duration::from_secs(PATRONI_TTL_SECS),
         "the declared recovery counts Patroni's ttl: {failover:?}"
     );
+    // The cluster's primary_start_timeout is 0: a recovery from Patroni's
+    // default (300 s) would mean the setting was not read.
+    assert!(
+        failover.recovery < Duration::from_secs(60),
+        "the declared recovery follows the cluster's primary_start_timeout: {failover:?}"
+    );
     let plain_recovery = until_ok(|| plain.probe())
         .await
         .failover
@@ -199,9 +205,20 @@ async fn an_isolated_primary_acknowledges_no_write_and_the_standby_takes_over() 
         ))
         .namespace(namespace)
         .max_connections(4)
-        .timeouts(timeout, timeout),
+        .timeouts(timeout, timeout)
+        .patroni(cluster.rest_addrs()),
     )
     .unwrap();
+    // One address (as behind HAProxy or a virtual address) with Patroni
+    // named: a failover is declared, from Patroni's settings.
+    let declared = until_ok(|| pinned.probe())
+        .await
+        .failover
+        .expect("one host with Patroni named declares a failover");
+    assert!(
+        matches!(&declared.tokens, FailoverTokens::Increasing(why) if why.contains("sync key")),
+        "{declared:?}"
+    );
     let key = LeaseKey::new("isolated-held").unwrap();
     let counted = LeaseKey::new("isolated-counted").unwrap();
     let before = until_ok(|| p.try_acquire(&counted, TTL))
