@@ -96,7 +96,8 @@
 //! connection it takes back, a second round trip per operation. A connection
 //! whose statement was cut off by the response timeout is closed, and the
 //! server ends the statement too (`statement_timeout`, set to the response
-//! timeout at connect), so no late acquire commits unseen. Behind PgBouncer,
+//! timeout at connect), so no late acquire commits unseen. Whichever limit
+//! fires first, the caller gets `Timeout`. Behind PgBouncer,
 //! list `options` in `ignore_startup_parameters` (sqlx already needs
 //! `extra_float_digits` there); the server-side limit is then lost.
 //!

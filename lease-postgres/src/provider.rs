@@ -112,6 +112,14 @@ fn is_unavailable(e: &sqlx::Error) -> bool {
     }))
 }
 
+/// SQLSTATE 57014 (`query_canceled`): raised by `statement_timeout`, and by a
+/// cancel request (`pg_cancel_backend`), which is told apart only by the
+/// message text, and that is translated under `lc_messages`. Both end the
+/// statement unapplied; a transient timeout is the honest answer to either.
+fn is_statement_timeout(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d) if d.code().as_deref() == Some("57014"))
+}
+
 impl PostgresProvider {
     /// Sets up a provider. Connections are made on first use, so this does not
     /// fail when the database is down; operations then return `Unavailable`.
@@ -272,6 +280,17 @@ impl PostgresProvider {
     }
 
     pub(crate) fn map_err(&self, e: sqlx::Error) -> LeaseError {
+        self.map_err_for("a statement", e)
+    }
+
+    /// As [`map_err`](Self::map_err), naming `operation` in a timeout.
+    fn map_err_for(&self, operation: &'static str, e: sqlx::Error) -> LeaseError {
+        if is_statement_timeout(&e) {
+            // The server's own limit (the response timeout, set at connect)
+            // ended the statement before the client's timer did: the same
+            // outcome as the client giving up, so the same error.
+            return LeaseError::timeout(operation, self.inner.response_timeout);
+        }
         if is_denied(&e) {
             return LeaseError::denied(
                 format!(
@@ -302,7 +321,10 @@ impl PostgresProvider {
         what: &'static str,
         f: impl std::future::Future<Output = Result<T, sqlx::Error>>,
     ) -> Result<T> {
-        lease_api::backend::bounded(what, self.inner.response_timeout, f, |e| self.map_err(e)).await
+        lease_api::backend::bounded(what, self.inner.response_timeout, f, |e| {
+            self.map_err_for(what, e)
+        })
+        .await
     }
 
     /// Creates the schema (if not `public`) and the lease table if they do not

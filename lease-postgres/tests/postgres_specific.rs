@@ -502,6 +502,82 @@ async fn a_statement_cut_off_by_the_timeout_does_not_block_the_next_operation() 
     );
 }
 
+/// The server's `statement_timeout` (the response timeout, set at connect)
+/// can end a statement before the client's own timer fires: a loaded client
+/// thread runs late. That is the same timeout and must read as one
+/// (`Timeout`, transient), not as a backend error a caller would give up on.
+/// The runtime's only thread is blocked past the limit while the acquire
+/// waits on a row lock, so the server's cancel is the first thing the client
+/// sees when it runs again (tokio's timeout polls the statement first).
+#[tokio::test]
+async fn a_statement_the_server_cuts_off_first_is_a_timeout() {
+    let ns = unique("server_cut");
+    let a = shared(&ns);
+    let limit = Duration::from_millis(500);
+    let b = Arc::new(
+        PostgresProvider::new(
+            PostgresConfig::new(store_url("LEASE_TEST_POSTGRES_URL"))
+                .namespace(&ns)
+                .timeouts(TIMEOUT, limit)
+                .max_connections(1),
+        )
+        .unwrap(),
+    );
+    let locked = LeaseKey::new("locked-row").unwrap();
+    let ttl = a.capabilities().practical_ttl(Duration::from_millis(200));
+    let lease = a
+        .try_acquire(&locked, ttl)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    // Holds the row FOR SHARE: the takeover's UPDATE waits on it.
+    let mut tx = a.begin_fenced(&lease).await.unwrap();
+    let blocker: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    tokio::time::sleep(ttl + Duration::from_millis(100)).await;
+    let admin = sqlx::PgPool::connect(&store_url("LEASE_TEST_POSTGRES_URL"))
+        .await
+        .unwrap();
+    let take = tokio::spawn({
+        let b = b.clone();
+        let k = locked.clone();
+        async move { b.try_acquire(&k, TTL).await }
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+        )
+        .bind(blocker)
+        .fetch_one(&admin)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the takeover never waited on the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The client's timer and the server's start together; only the server's
+    // can run while this thread is blocked.
+    std::thread::sleep(limit * 3);
+    let err = take.await.unwrap().unwrap_err();
+    assert!(matches!(err, LeaseError::Timeout { .. }), "{err:?}");
+    assert!(err.is_transient());
+    drop(tx);
+    let got = b.try_acquire(&locked, TTL).await.unwrap();
+    assert!(
+        got.into_lease().is_some(),
+        "the expired row is free to take"
+    );
+}
+
 /// A session's batch step: a thousand rows renewed by one UPDATE, counted by
 /// a statement-level trigger on a private table; a row whose lease was
 /// released is not touched and answers Lost.
