@@ -114,8 +114,8 @@ impl Hosts {
     /// progress on its next call.
     ///
     /// # Errors
-    /// The last host's error; `25006`-like `Protocol` when every host that
-    /// answered is a standby.
+    /// The last error of a host that failed to connect or answer; a
+    /// `Protocol` error naming a standby when every host answered as one.
     pub(crate) async fn connect_primary(
         &self,
         tweak: impl Fn(PgConnectOptions) -> PgConnectOptions,
@@ -124,13 +124,21 @@ impl Hosts {
             return tweak(self.current()).connect().await;
         }
         let n = self.options.len();
-        let mut last = None;
-        for _ in 0..n {
+        let mut standby = None;
+        // A host that failed otherwise than by being a standby: its error
+        // says more than "a standby" (too many connections, refused).
+        let mut failed = None;
+        // Every host once, from the one that answered last. Walked from
+        // this start, not from the cursor: concurrent attempts move the
+        // cursor meanwhile, and following it could try the standby twice
+        // and never the primary.
+        let start = self.cursor.current();
+        for k in 0..n {
             // Moves the starting point past this host unless it answers as
             // the primary, also when the caller's own deadline drops this
             // future mid-attempt after the host had time to answer (a
             // black-holed host would otherwise stay first for ever).
-            let step = self.cursor.attempt();
+            let step = self.cursor.attempt_on(start + k);
             let i = step.host();
             let attempt = async {
                 let mut conn = tweak(self.options[i].clone()).connect().await?;
@@ -143,15 +151,15 @@ impl Hosts {
                     return Ok(conn);
                 }
                 Ok(Ok((_, true))) => {
-                    last = Some(sqlx::Error::Protocol(format!(
+                    standby = Some(sqlx::Error::Protocol(format!(
                         "{}:{} is a standby (in recovery)",
                         self.options[i].get_host(),
                         self.options[i].get_port()
                     )));
                 }
-                Ok(Err(e)) => last = Some(e),
+                Ok(Err(e)) => failed = Some(e),
                 Err(_) => {
-                    last = Some(sqlx::Error::Io(std::io::Error::new(
+                    failed = Some(sqlx::Error::Io(std::io::Error::new(
                         std::io::ErrorKind::TimedOut,
                         format!(
                             "{}:{} did not answer within {:?}",
@@ -164,7 +172,7 @@ impl Hosts {
             }
             step.failed();
         }
-        Err(last.unwrap_or(sqlx::Error::PoolClosed))
+        Err(failed.or(standby).unwrap_or(sqlx::Error::PoolClosed))
     }
 }
 

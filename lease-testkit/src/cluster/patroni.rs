@@ -110,6 +110,7 @@ bootstrap:
       parameters:
         wal_log_hints: 'on'
         fsync: 'on'
+        max_connections: 300
   initdb:
   - encoding: UTF8
   pg_hba:
