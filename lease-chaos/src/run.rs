@@ -426,11 +426,11 @@ async fn run_inner(
     // What a declared fault may still cause after its heal: a lease granted
     // before it stays valid up to a TTL, its successor comes after the
     // failover, and a holder cut short writes late for up to a TTL more.
-    let grace = ttl * 2
-        + caps
-            .failover
+    let grace = (ttl * 2).saturating_add(
+        caps.failover
             .as_ref()
-            .map_or(std::time::Duration::ZERO, |f| f.recovery);
+            .map_or(std::time::Duration::ZERO, |f| f.recovery),
+    );
     let grace = u64::try_from(grace.as_nanos()).unwrap_or(u64::MAX);
     let (violations, declared) = judge(&counts, &caps, &faults, grace, !args.unfenced);
     let mut violations = violations;

@@ -38,6 +38,9 @@ impl<T> Drop for AbortOnDrop<T> {
     }
 }
 
+/// A declared recovery this long means no failover happens by itself.
+const NO_AUTOMATIC_FAILOVER: Duration = Duration::from_secs(24 * 3600);
+
 fn fail(what: impl Into<String>) -> LeaseError {
     LeaseError::protocol(what.into())
 }
@@ -104,6 +107,19 @@ pub async fn leader_loss(
         .clone()
         .ok_or_else(|| fail(format!("{} declares no failover behaviour", caps.backend)))?;
     let recovery = declared.recovery;
+    // A cluster that promotes nobody by itself (Patroni paused) declares no
+    // bound: no failover to wait for, and no sum below would fit.
+    if recovery >= NO_AUTOMATIC_FAILOVER {
+        return Err(fail(format!(
+            "{} declares no automatic failover (recovery {recovery:?}): {}",
+            caps.backend,
+            match &declared.tokens {
+                lease_api::FailoverTokens::Increasing(why)
+                | lease_api::FailoverTokens::MayRepeat(why) => why.as_str(),
+                _ => "",
+            }
+        )));
+    }
     // Long enough that renewals can resume before it runs out.
     let ttl = caps.practical_ttl((recovery * 2).max(Duration::from_secs(4)));
 

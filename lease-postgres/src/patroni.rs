@@ -25,6 +25,9 @@ pub(crate) struct PatroniSettings {
     /// How far behind (bytes of WAL) an asynchronous standby may be and
     /// still be promoted.
     pub(crate) maximum_lag_on_failover: u64,
+    /// Maintenance mode (`pause`, as `patronictl pause` sets): the agents
+    /// promote nobody by themselves.
+    pub(crate) pause: bool,
 }
 
 impl PatroniSettings {
@@ -46,6 +49,7 @@ impl PatroniSettings {
             primary_start_timeout: Duration::from_secs(Self::DEFAULT_PRIMARY_START_TIMEOUT),
             synchronous_mode: false,
             maximum_lag_on_failover: Self::DEFAULT_MAX_LAG,
+            pause: false,
         }
     }
 
@@ -75,6 +79,14 @@ impl PatroniSettings {
             }
             Some(x) => return Err(format!("synchronous_mode is {x}")),
         };
+        let pause = match v.get("pause") {
+            None | Some(serde_json::Value::Null) => false,
+            Some(serde_json::Value::Bool(b)) => *b,
+            Some(serde_json::Value::String(s)) => {
+                matches!(s.to_ascii_lowercase().as_str(), "on" | "true")
+            }
+            Some(x) => return Err(format!("pause is {x}")),
+        };
         // Patroni raises settings below its minimums before it uses them
         // (ttl 20 s, loop_wait 1 s, retry_timeout 3 s); a configuration
         // stored as written may still show the smaller value.
@@ -90,6 +102,7 @@ impl PatroniSettings {
             )?),
             synchronous_mode,
             maximum_lag_on_failover: secs("maximum_lag_on_failover", Self::DEFAULT_MAX_LAG)?,
+            pause,
         })
     }
 
@@ -207,6 +220,13 @@ mod tests {
         )
         .unwrap();
         assert!(huge.detection() >= Duration::from_secs(u64::MAX / 2));
+        assert!(!d.pause);
+        assert!(
+            PatroniSettings::from_json(br#"{"pause": true}"#)
+                .unwrap()
+                .pause
+        );
+        assert!(PatroniSettings::from_json(br#"{"pause": 1}"#).is_err());
         assert!(PatroniSettings::from_json(b"[1]").is_err());
         assert!(PatroniSettings::from_json(b"<html>").is_err());
     }

@@ -123,7 +123,9 @@ impl PostgresProvider {
     /// promotes none). Recovery adds Patroni's detection
     /// ([`PatroniSettings::detection`](crate::patroni::PatroniSettings::detection)).
     /// When no REST API answers, Patroni's defaults are assumed for the
-    /// time and PostgreSQL's settings decide the tokens.
+    /// time and PostgreSQL's settings decide the tokens. A paused cluster
+    /// (`pause: true`) fails over only when a person does: its recovery is
+    /// `Duration::MAX`.
     async fn patroni_failover(
         &self,
         replication: &Replication,
@@ -139,11 +141,7 @@ impl PostgresProvider {
                 let note = format!(
                     "; Patroni's REST API did not answer ({why}): its default times assumed"
                 );
-                let tokens = match tokens {
-                    FailoverTokens::Increasing(t) => FailoverTokens::Increasing(t + &note),
-                    FailoverTokens::MayRepeat(t) => FailoverTokens::MayRepeat(t + &note),
-                    other => other,
-                };
+                let tokens = noted(tokens, &note);
                 let detection = crate::patroni::PatroniSettings::defaults().detection();
                 return Failover::new(tokens, synchronous, detection.saturating_add(reconnect));
             }
@@ -165,6 +163,12 @@ impl PostgresProvider {
                 s.maximum_lag_on_failover
             ))
         };
+        if s.pause {
+            // Nothing is promoted until a person acts: no bound to declare.
+            let note = "; Patroni is paused (pause: true): it promotes no standby by itself, \
+                        so nothing serves after the primary is lost until a person fails over";
+            return Failover::new(noted(tokens, note), synchronous, std::time::Duration::MAX);
+        }
         Failover::new(tokens, synchronous, s.detection().saturating_add(reconnect))
     }
 
@@ -177,6 +181,15 @@ impl PostgresProvider {
                 }
             });
         }
+    }
+}
+
+/// `tokens` with `note` added to the reason it gives.
+fn noted(tokens: FailoverTokens, note: &str) -> FailoverTokens {
+    match tokens {
+        FailoverTokens::Increasing(t) => FailoverTokens::Increasing(t + note),
+        FailoverTokens::MayRepeat(t) => FailoverTokens::MayRepeat(t + note),
+        other => other,
     }
 }
 

@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use lease_api::{FailoverTokens, Lease, LeaseKey, LeaseProvider};
+use lease_api::{Failover, FailoverTokens, Lease, LeaseKey, LeaseProvider};
 use lease_postgres::{PostgresConfig, PostgresProvider};
 use lease_testkit::cluster::{PATRONI_TTL_SECS, PatroniCluster, Topology};
 use lease_testkit::{unique, until_ok};
@@ -303,4 +303,92 @@ async fn an_isolated_primary_acknowledges_no_write_and_the_standby_takes_over() 
     })
     .await
     .unwrap();
+}
+
+/// What the probe declares follows the cluster's live settings, read from
+/// the first REST API that answers:
+/// - one that accepts and never answers, listed first, costs one response
+///   timeout, and the next one's settings are read (not Patroni's
+///   defaults);
+/// - `synchronous_mode` switched off: `MayRepeat`, naming the lag Patroni
+///   allows an asynchronous standby;
+/// - `pause: true` (maintenance mode): no bound, since Patroni then
+///   promotes nobody by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_declaration_follows_patronis_settings_past_a_silent_rest_api() {
+    let cluster = tokio::task::spawn_blocking(|| PatroniCluster::start(2))
+        .await
+        .unwrap();
+    let hole = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hole_addr = hole.local_addr().unwrap().to_string();
+    let _held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = hole.accept().await {
+            open.push(socket);
+        }
+    });
+    let timeout = Duration::from_millis(800);
+    let mut rest = vec![hole_addr];
+    rest.extend(cluster.rest_addrs());
+    let p = PostgresProvider::new(
+        PostgresConfig::new(cluster.url())
+            .namespace(unique("patroni-settings"))
+            .timeouts(timeout, timeout)
+            .patroni(rest),
+    )
+    .unwrap();
+    let warm = LeaseKey::new("warm").unwrap();
+    until_ok(|| p.inspect(&warm)).await;
+    let started = Instant::now();
+    let first = p.probe().await.unwrap().failover.unwrap();
+    let took = started.elapsed();
+    assert!(
+        took >= timeout && took < timeout * 4,
+        "the silent address costs one response timeout: {took:?}"
+    );
+    assert!(
+        matches!(&first.tokens, FailoverTokens::Increasing(why) if why.contains("sync key")),
+        "the answering API's synchronous_mode, not Patroni's defaults: {first:?}"
+    );
+    assert!(
+        first.recovery < Duration::from_secs(50),
+        "the cluster's ttl, not Patroni's defaults: {first:?}"
+    );
+
+    let c = tokio::task::spawn_blocking(move || {
+        cluster.patch_config(r#"{"synchronous_mode": false}"#);
+        cluster
+    })
+    .await
+    .unwrap();
+    let asynchronous = until_declared(&p, |f| {
+        matches!(&f.tokens, FailoverTokens::MayRepeat(why) if why.contains("maximum_lag_on_failover"))
+    })
+    .await;
+    assert!(asynchronous.recovery < Duration::from_secs(50));
+
+    let _c = tokio::task::spawn_blocking(move || {
+        c.patch_config(r#"{"pause": true}"#);
+        c
+    })
+    .await
+    .unwrap();
+    let paused = until_declared(&p, |f| f.recovery == Duration::MAX).await;
+    assert!(
+        matches!(&paused.tokens, FailoverTokens::MayRepeat(why) if why.contains("paused")),
+        "{paused:?}"
+    );
+}
+
+/// Probes `p` until its failover declaration passes `ok`, for up to 30 s.
+async fn until_declared(p: &PostgresProvider, ok: impl Fn(&Failover) -> bool) -> Failover {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let f = p.probe().await.unwrap().failover.unwrap();
+        if ok(&f) {
+            return f;
+        }
+        assert!(Instant::now() < deadline, "still declared: {f:?}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }

@@ -236,6 +236,33 @@ postgresql:
         std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
     }
 
+    /// Changes the cluster's dynamic configuration as `patronictl
+    /// edit-config` does: `PATCH /config` with `json` on member 0's REST
+    /// API. Patroni's agents apply it within a loop.
+    ///
+    /// # Panics
+    /// When the REST API does not answer 200.
+    pub fn patch_config(&self, json: &str) {
+        use std::io::{Read, Write};
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.rest[0]));
+        let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+            .expect("connect to Patroni's REST API");
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("set a read timeout");
+        write!(
+            s,
+            "PATCH /config HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{json}",
+            json.len()
+        )
+        .expect("send PATCH /config");
+        let mut answer = String::new();
+        let _ = s.read_to_string(&mut answer);
+        assert!(
+            answer.starts_with("HTTP/1.0 200") || answer.starts_with("HTTP/1.1 200"),
+            "PATCH /config {json}: {answer}"
+        );
+    }
+
     /// Cuts member `i` off from the others and from etcd, while its clients
     /// still reach it: its agent loses the leader key (a primary demotes
     /// itself once it cannot renew it within `retry_timeout`), the standbys
