@@ -145,7 +145,7 @@ pub use crate::caps::{DEFAULT_MAX_KEYS, DEFAULT_MAX_TTL, MultiKey, ProbedCapabil
 pub use crate::error::BoxError;
 pub use crate::holder::{MAX_HOLDER_BYTES, validate_holder};
 pub use crate::hook::{Answer, Hook, Op, Outcome};
-pub use crate::hosts::{HostAttempt, HostCursor, split_host_list};
+pub use crate::hosts::{HostAttempt, HostCursor, HostWalk, split_host_list};
 pub use crate::hub::WatchHub;
 pub use crate::key::{MAX_KEY_BYTES, validate_key_set, validate_namespace, validate_purge_prefix};
 

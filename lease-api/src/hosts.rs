@@ -76,6 +76,16 @@ impl HostCursor {
         }
     }
 
+    /// Every host once, for one caller that tries them in turn until one
+    /// serves; see [`HostWalk`].
+    pub fn walk(&self) -> HostWalk<'_> {
+        HostWalk {
+            cursor: self,
+            tried: vec![false; self.n],
+            last: None,
+        }
+    }
+
     fn step_past(&self, host: usize) {
         let _ = self.current.compare_exchange(
             host,
@@ -114,6 +124,52 @@ impl Drop for HostAttempt<'_> {
         if !self.resolved && self.started.elapsed() >= self.cursor.patience / 2 {
             self.cursor.step_past(self.host);
         }
+    }
+}
+
+/// One caller's pass over the hosts: each host at most once, starting from
+/// the cursor. Next comes where the cursor points now, when this walk has
+/// not tried that host (another caller found it serving meanwhile), else
+/// the next host in order it has not tried. Following the cursor alone
+/// could try a host twice (concurrent failures move it back) and never
+/// reach the one that serves; walking in order alone would pass by a host
+/// another caller just found serving.
+///
+/// ```
+/// use std::time::Duration;
+/// use lease_api::backend::HostCursor;
+///
+/// let hosts = HostCursor::new(2, Duration::ZERO);
+/// let mut walk = hosts.walk();
+/// let first = walk.next_attempt().unwrap();
+/// assert_eq!(first.host(), 0);
+/// first.failed();
+/// // Another caller fails on host 1 meanwhile: the cursor is back at 0.
+/// hosts.attempt_on(1).failed();
+/// assert_eq!(walk.next_attempt().unwrap().host(), 1);
+/// assert!(walk.next_attempt().is_none());
+/// ```
+#[derive(Debug)]
+pub struct HostWalk<'a> {
+    cursor: &'a HostCursor,
+    tried: Vec<bool>,
+    last: Option<usize>,
+}
+
+impl<'a> HostWalk<'a> {
+    /// An attempt on the next host to try, or `None` once every host was.
+    pub fn next_attempt(&mut self) -> Option<HostAttempt<'a>> {
+        let n = self.tried.len();
+        let now = self.cursor.current();
+        let host = if self.tried[now] {
+            let from = self.last.unwrap_or(now);
+            (1..=n).map(|d| (from + d) % n).find(|&h| !self.tried[h])?
+        } else {
+            now
+        };
+        self.tried[host] = true;
+        self.last = Some(host);
+        Some(self.cursor.attempt_on(host))
     }
 }
 
@@ -168,6 +224,25 @@ mod tests {
         );
         assert!(split_host_list("mysql://a,,b/db").is_err());
         assert!(split_host_list("a,b").is_err());
+    }
+
+    #[test]
+    fn a_walk_tries_each_host_once_and_follows_a_host_found_serving() {
+        let hosts = HostCursor::new(3, Duration::ZERO);
+        let mut walk = hosts.walk();
+        let a = walk.next_attempt().unwrap();
+        assert_eq!(a.host(), 0);
+        a.failed();
+        // Another caller found host 2 serving: the walk goes there next,
+        // past host 1.
+        hosts.attempt_on(2).succeeded();
+        let b = walk.next_attempt().unwrap();
+        assert_eq!(b.host(), 2);
+        b.failed();
+        // The cursor is at 0 again (2 failed): tried, so on to 1.
+        assert_eq!(hosts.current(), 0);
+        assert_eq!(walk.next_attempt().unwrap().host(), 1);
+        assert!(walk.next_attempt().is_none());
     }
 
     #[tokio::test(start_paused = true)]

@@ -229,6 +229,17 @@ async fn run_inner(
         .namespace(namespace.clone())
         .build()
         .map_err(|e| e.to_string())?;
+    // One answered call first: some declarations come from what the live
+    // store says (PostgreSQL's failover, read by its probe on the first
+    // call; ZooKeeper's negotiated session), and the verdict judges by them.
+    let warm = leases::LeaseKey::new("chaos-warm").map_err(|e| e.to_string())?;
+    let warmed = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    while let Err(e) = probe.inspect(&warm).await {
+        if !e.is_transient() || tokio::time::Instant::now() >= warmed {
+            return Err(format!("the store does not answer: {e}"));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
     let caps = probe.capabilities().clone();
     if !(0.0..1.0).contains(&args.read_share) {
         return Err("--read-share must be at least 0 and below 1 (some rounds must write)".into());
@@ -426,10 +437,14 @@ async fn run_inner(
     // What a declared fault may still cause after its heal: a lease granted
     // before it stays valid up to a TTL, its successor comes after the
     // failover, and a holder cut short writes late for up to a TTL more.
+    // A store that promotes nobody by itself (Patroni paused) declares no
+    // bound: no failover to excuse anything after.
     let grace = (ttl * 2).saturating_add(
         caps.failover
             .as_ref()
-            .map_or(std::time::Duration::ZERO, |f| f.recovery),
+            .map(|f| f.recovery)
+            .filter(|r| *r < std::time::Duration::from_secs(24 * 3600))
+            .unwrap_or(std::time::Duration::ZERO),
     );
     let grace = u64::try_from(grace.as_nanos()).unwrap_or(u64::MAX);
     let (violations, declared) = judge(&counts, &caps, &faults, grace, !args.unfenced);

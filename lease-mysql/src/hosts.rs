@@ -86,10 +86,9 @@ impl Hosts {
     ) -> std::result::Result<MySqlConnection, sqlx::Error> {
         let n = self.options.len();
         let mut last = None;
-        // Every host once, from the one that answered last.
-        let start = self.cursor.current();
-        for i in 0..n {
-            let step = self.cursor.attempt_on(start + i);
+        // Every host once, from the one that answered last (see HostWalk).
+        let mut walk = self.cursor.walk();
+        while let Some(step) = walk.next_attempt() {
             let at = step.host();
             let attempt = async {
                 let mut conn = self.options[at].connect().await?;

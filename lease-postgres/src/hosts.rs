@@ -123,22 +123,17 @@ impl Hosts {
         if !self.is_multi() {
             return tweak(self.current()).connect().await;
         }
-        let n = self.options.len();
         let mut standby = None;
         // A host that failed otherwise than by being a standby: its error
         // says more than "a standby" (too many connections, refused).
         let mut failed = None;
-        // Every host once, from the one that answered last. Walked from
-        // this start, not from the cursor: concurrent attempts move the
-        // cursor meanwhile, and following it could try the standby twice
-        // and never the primary.
-        let start = self.cursor.current();
-        for k in 0..n {
+        // Every host once, from the one that answered last (see HostWalk).
+        let mut walk = self.cursor.walk();
+        while let Some(step) = walk.next_attempt() {
             // Moves the starting point past this host unless it answers as
             // the primary, also when the caller's own deadline drops this
             // future mid-attempt after the host had time to answer (a
             // black-holed host would otherwise stay first for ever).
-            let step = self.cursor.attempt_on(start + k);
             let i = step.host();
             let attempt = async {
                 let mut conn = tweak(self.options[i].clone()).connect().await?;

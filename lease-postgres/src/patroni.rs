@@ -79,14 +79,15 @@ impl PatroniSettings {
             }
             Some(x) => return Err(format!("synchronous_mode is {x}")),
         };
-        let pause = match v.get("pause") {
-            None | Some(serde_json::Value::Null) => false,
-            Some(serde_json::Value::Bool(b)) => *b,
-            Some(serde_json::Value::String(s)) => {
-                matches!(s.to_ascii_lowercase().as_str(), "on" | "true")
-            }
-            Some(x) => return Err(format!("pause is {x}")),
-        };
+        // As Patroni reads it (its parse_bool of the value's text): `true`,
+        // `on`, `yes` and `1`, in any case, pause; anything else does not.
+        let pause = v.get("pause").is_some_and(|x| {
+            let text = match x {
+                serde_json::Value::String(s) => s.to_ascii_lowercase(),
+                other => other.to_string(),
+            };
+            matches!(text.trim(), "true" | "on" | "yes" | "1")
+        });
         // Patroni raises settings below its minimums before it uses them
         // (ttl 20 s, loop_wait 1 s, retry_timeout 3 s); a configuration
         // stored as written may still show the smaller value.
@@ -226,7 +227,29 @@ mod tests {
                 .unwrap()
                 .pause
         );
-        assert!(PatroniSettings::from_json(br#"{"pause": 1}"#).is_err());
+        // `patronictl edit-config --set pause=1` stores the number.
+        for paused in [
+            r#"{"pause": 1}"#,
+            r#"{"pause": "Yes"}"#,
+            r#"{"pause": "on"}"#,
+        ] {
+            assert!(
+                PatroniSettings::from_json(paused.as_bytes()).unwrap().pause,
+                "{paused}"
+            );
+        }
+        for running in [
+            r#"{"pause": 0}"#,
+            r#"{"pause": "off"}"#,
+            r#"{"pause": null}"#,
+        ] {
+            assert!(
+                !PatroniSettings::from_json(running.as_bytes())
+                    .unwrap()
+                    .pause,
+                "{running}"
+            );
+        }
         assert!(PatroniSettings::from_json(b"[1]").is_err());
         assert!(PatroniSettings::from_json(b"<html>").is_err());
     }

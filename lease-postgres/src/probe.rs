@@ -7,11 +7,11 @@ use sqlx::Row;
 use crate::provider::PostgresProvider;
 
 impl PostgresProvider {
-    /// With several hosts, the first call waits for the probe, so the
-    /// capabilities read after it carry the failover declaration. A probe
-    /// that fails is tried again by the next call.
+    /// With several hosts, or Patroni named, the first call waits for the
+    /// probe, so the capabilities read after it carry the failover
+    /// declaration. A probe that fails is tried again by the next call.
     pub(crate) async fn probe_first(&self) {
-        if self.inner.hosts.is_multi() {
+        if self.inner.hosts.is_multi() || !self.inner.patroni.is_empty() {
             let _ = self
                 .inner
                 .probed_first

@@ -286,9 +286,10 @@ impl PostgresProvider {
     /// As [`map_err`](Self::map_err), naming `operation` in a timeout.
     fn map_err_for(&self, operation: &'static str, e: sqlx::Error) -> LeaseError {
         if is_statement_timeout(&e) {
-            // The server's own limit (the response timeout, set at connect)
-            // ended the statement before the client's timer did: the same
-            // outcome as the client giving up, so the same error.
+            // The server ended the statement: its limit (the response
+            // timeout, set at connect on the lease connections; a role's
+            // own elsewhere) or a cancel request. Nothing was applied, as
+            // when the client gives up, so the same error.
             return LeaseError::timeout(operation, self.inner.response_timeout);
         }
         if is_denied(&e) {
@@ -395,7 +396,12 @@ impl PostgresProvider {
             })
             .await;
         if let Err(e) = indexed {
-            if e.is_transient() {
+            // A server that is down fails the migration (tried again on the
+            // next call); one that refuses or cuts off the index build (a
+            // role's own statement_timeout ends it as 57014, which reads as
+            // Timeout) leaves joins without it, instead of failing every
+            // call on a build that cannot finish.
+            if matches!(e, LeaseError::Unavailable { .. }) {
                 return Err(e);
             }
             tracing::warn!(error = %e, "could not add the unique index on the waiters' marks; joins go without it");

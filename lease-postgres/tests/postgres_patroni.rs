@@ -343,8 +343,8 @@ async fn the_declaration_follows_patronis_settings_past_a_silent_rest_api() {
     let first = p.probe().await.unwrap().failover.unwrap();
     let took = started.elapsed();
     assert!(
-        took >= timeout && took < timeout * 4,
-        "the silent address costs one response timeout: {took:?}"
+        took >= timeout && took < timeout + Duration::from_secs(10),
+        "the silent address costs one response timeout, not the probe: {took:?}"
     );
     assert!(
         matches!(&first.tokens, FailoverTokens::Increasing(why) if why.contains("sync key")),
