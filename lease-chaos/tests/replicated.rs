@@ -5,7 +5,9 @@
 //! freezes the leader (for Redlock, a node; under Sentinel, the primary,
 //! which a freeze longer than down-after demotes; in a Redis Cluster, the
 //! primary of slot 0's shard) while a holder
-//! holds, besides pausing, crashing and cutting off workers; the checker
+//! holds, and cuts the leader off from the other members while the workers
+//! still reach it (Patroni through its links; etcd and ZooKeeper in the
+//! packet filter), besides pausing, crashing and cutting off workers; the checker
 //! judges the history against what each backend declares.
 //!
 //! The cells run one at a time (8 worker processes each on a 2-core machine).
@@ -95,18 +97,20 @@ async fn cell<T: Topology + 'static>(
     url: impl FnOnce(&T) -> String,
     faults: &str,
 ) -> Report {
-    cell_for(start, url, faults, "40s").await
+    cell_for(start, url, faults, "40s").await.0
 }
 
 /// A cell run for `duration` (it goes on, up to twice as long, until every
-/// fault kind was injected).
+/// fault kind was injected), and how many isolations ended with another
+/// member leading.
 async fn cell_for<T: Topology + 'static>(
     start: impl FnOnce() -> T + Send + 'static,
     url: impl FnOnce(&T) -> String,
     faults: &str,
     duration: &str,
-) -> Report {
+) -> (Report, usize) {
     let _one = ONE_AT_A_TIME.lock().await;
+    PROMOTED_WHILE_ISOLATED.store(0, std::sync::atomic::Ordering::SeqCst);
     let topology = tokio::task::spawn_blocking(start).await.unwrap();
     let store = url(&topology);
     let dir = TempDir::new("chaos-replicated");
@@ -134,7 +138,24 @@ async fn cell_for<T: Topology + 'static>(
         .await
         .expect("the run starts");
     println!("{}", report.text());
-    report
+    let promoted = PROMOTED_WHILE_ISOLATED.load(std::sync::atomic::Ordering::SeqCst);
+    (report, promoted)
+}
+
+/// [`holds`], and some leader isolation lasted until another member led:
+/// the split-brain case happened, and held.
+fn holds_through_isolation(r: &Report, promoted: usize) {
+    holds(r);
+    assert!(
+        r.injected.get("leader-isolate").copied().unwrap_or(0) >= 1,
+        "no leader-isolate injected: {}",
+        r.text()
+    );
+    assert!(
+        promoted >= 1,
+        "no isolation lasted until another member led: {}",
+        r.text()
+    );
 }
 
 /// The verdict, that the leader faults happened, and that the run did enough
@@ -166,33 +187,24 @@ async fn patroni_postgres_holds_when_its_primary_is_killed_frozen_or_isolated() 
     // The worker faults but one (every other cell runs them) leave room
     // for the long leader faults before the run's hard deadline.
     let faults = "leader-kill,leader-pause,leader-isolate,crash";
-    PROMOTED_WHILE_ISOLATED.store(0, std::sync::atomic::Ordering::SeqCst);
     // Longer: one isolation holds for Patroni's ttl and more, and the
     // member rejoins (rewound) before the next fault.
-    let r = cell_for(
+    let (r, promoted) = cell_for(
         || PatroniCluster::start(2),
         PatroniCluster::url,
         faults,
         "60s",
     )
     .await;
-    holds(&r);
-    assert!(
-        r.injected.get("leader-isolate").copied().unwrap_or(0) >= 1,
-        "no leader-isolate injected: {}",
-        r.text()
-    );
-    assert!(
-        PROMOTED_WHILE_ISOLATED.load(std::sync::atomic::Ordering::SeqCst) >= 1,
-        "no isolation lasted until Patroni promoted the standby: {}",
-        r.text()
-    );
+    holds_through_isolation(&r, promoted);
 }
 
+/// The leader killed, frozen, and cut off from the other members (both
+/// ways, in the packet filter) while the workers still reach it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcd_cluster_holds_when_its_leader_is_killed_or_frozen() {
-    let r = cell(
-        || EtcdCluster::start(3),
+async fn etcd_cluster_holds_when_its_leader_is_killed_frozen_or_isolated() {
+    let (r, promoted) = cell_for(
+        || EtcdCluster::start_splittable(3),
         |c| {
             let hosts: Vec<String> = c
                 .endpoints()
@@ -201,10 +213,11 @@ async fn etcd_cluster_holds_when_its_leader_is_killed_or_frozen() {
                 .collect();
             format!("etcd://{}", hosts.join(","))
         },
-        ALL_FAULTS,
+        &format!("{ALL_FAULTS},leader-isolate"),
+        "40s",
     )
     .await;
-    holds(&r);
+    holds_through_isolation(&r, promoted);
 }
 
 /// Galera has no leader: the fault hits the first running node, the one
@@ -216,15 +229,18 @@ async fn galera_cluster_holds_when_the_node_in_use_is_killed_or_frozen() {
     holds(&r);
 }
 
+/// The leader killed, frozen, and cut off from the other servers (both
+/// ways, in the packet filter) while the workers still reach it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn zookeeper_ensemble_holds_when_its_leader_is_killed_or_frozen() {
-    let r = cell(
-        || ZkEnsemble::start(3),
+async fn zookeeper_ensemble_holds_when_its_leader_is_killed_frozen_or_isolated() {
+    let (r, promoted) = cell_for(
+        || ZkEnsemble::start_splittable(3),
         |e| format!("zk://{}", e.connect_string()),
-        ALL_FAULTS,
+        &format!("{ALL_FAULTS},leader-isolate"),
+        "40s",
     )
     .await;
-    holds(&r);
+    holds_through_isolation(&r, promoted);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

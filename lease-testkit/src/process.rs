@@ -63,6 +63,18 @@ impl OwnedProcess {
         port: u16,
         dir: TempDir,
     ) -> Self {
+        Self::spawn_as(name, program, args, port, dir, None)
+    }
+
+    /// As [`spawn`](Self::spawn), as `run_as` (uid, gid) when given.
+    pub(crate) fn spawn_as(
+        name: &str,
+        program: impl Into<PathBuf>,
+        args: Vec<String>,
+        port: u16,
+        dir: TempDir,
+        run_as: Option<(u32, u32)>,
+    ) -> Self {
         let log = dir.path().join(format!("{name}.log"));
         let mut p = OwnedProcess {
             name: name.into(),
@@ -71,7 +83,7 @@ impl OwnedProcess {
             port,
             log,
             child: None,
-            run_as: None,
+            run_as,
             stop_signal: "TERM",
             readiness: Readiness::Listening,
             dir,

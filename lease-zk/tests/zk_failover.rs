@@ -139,3 +139,78 @@ async fn a_read_on_a_lagging_follower_sees_what_the_leader_committed() {
         );
     }
 }
+
+/// The leader cut off from the other servers in the packet filter, both
+/// ways, while every client still reaches it (the split-brain case): it
+/// gives up leading without a quorum, the others elect a leader, and the
+/// providers, given every server, keep what they declare. A client pinned
+/// to the isolated server gets no write acknowledged (the isolation is
+/// real: without it the write commits at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn isolating_the_leader_keeps_the_lease_the_waiter_and_the_token_order() {
+    let ensemble = tokio::task::spawn_blocking(|| ZkEnsemble::start_splittable(3))
+        .await
+        .unwrap();
+    let servers: Vec<String> = ensemble
+        .members()
+        .iter()
+        .map(|m| format!("127.0.0.1:{}", m.port()))
+        .collect();
+    let ns = unique("isolated");
+    let provider = || -> Arc<dyn LeaseProvider> {
+        Arc::new(
+            ZkProvider::new(
+                ZkConfig::new(servers.join(","))
+                    .namespace(&ns)
+                    .session_timeout(Duration::from_secs(15)),
+            )
+            .unwrap(),
+        )
+    };
+    let (holder, waiter) = (provider(), provider());
+    let ensemble = Arc::new(Mutex::new(ensemble));
+    let isolated = Arc::new(Mutex::new(None));
+    let (e, cut) = (Arc::clone(&ensemble), Arc::clone(&isolated));
+    let run = leader_loss(holder, waiter, move || {
+        let e = e.lock().unwrap();
+        let leader = e.wait_leader(Duration::from_secs(10));
+        eprintln!("isolating the leader, server {}", leader + 1);
+        e.isolate_member(leader);
+        *cut.lock().unwrap() = Some(leader);
+    })
+    .await
+    .unwrap_or_else(|e| panic!("ZooKeeper leader isolated: {e}"));
+    eprintln!("ZooKeeper leader isolated: {run:?}");
+    let alone = isolated
+        .lock()
+        .unwrap()
+        .expect("the scenario isolated the leader");
+    let pinned = ZkProvider::new(
+        ZkConfig::new(servers[alone].clone())
+            .namespace(&ns)
+            .session_timeout(Duration::from_secs(4)),
+    )
+    .unwrap();
+    let key = LeaseKey::new("pinned").unwrap();
+    for _ in 0..3 {
+        let got = tokio::time::timeout(
+            Duration::from_secs(10),
+            pinned.try_acquire(&key, Duration::from_secs(30)),
+        )
+        .await;
+        assert!(
+            !matches!(got, Ok(Ok(_))),
+            "the isolated server acknowledged a write: {got:?}"
+        );
+    }
+    let e = Arc::clone(&ensemble);
+    tokio::task::spawn_blocking(move || {
+        let e = e.lock().unwrap();
+        let leader = e.wait_leader(Duration::from_secs(10));
+        assert_ne!(leader, alone, "the isolated server still leads");
+        e.rejoin_member(alone);
+        e.wait_healthy(Duration::from_secs(60));
+    })
+    .await
+    .unwrap();
+}

@@ -4,6 +4,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use super::members::{member_dir, output};
+use super::netsplit::Netsplit;
 use super::topology::Topology;
 use crate::{OwnedProcess, free_port};
 
@@ -11,6 +12,8 @@ use crate::{OwnedProcess, free_port};
 #[derive(Debug)]
 pub struct EtcdCluster {
     members: Vec<OwnedProcess>,
+    /// The cuts between members, for a cluster started splittable.
+    split: Option<Netsplit>,
 }
 
 impl EtcdCluster {
@@ -20,7 +23,27 @@ impl EtcdCluster {
     /// # Panics
     /// When a member cannot start or the cluster does not form in 60 s.
     pub fn start(n: usize) -> Self {
+        Self::start_with(n, false)
+    }
+
+    /// As [`start`](Self::start), each member running as a uid of its own,
+    /// so that [`isolate_member`](Topology::isolate_member) can cut it off
+    /// from the others in the packet filter (both ways, its raft streams
+    /// and pipelines alike) while clients still reach it.
+    ///
+    /// # Panics
+    /// As [`start`](Self::start), and when the packet filter cannot be
+    /// used (not root, no `nft`).
+    pub fn start_splittable(n: usize) -> Self {
+        Self::start_with(n, true)
+    }
+
+    fn start_with(n: usize, splittable: bool) -> Self {
         let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+        let split = splittable.then(|| {
+            Netsplit::new(ports.iter().map(|(c, p)| vec![*c, *p]).collect())
+                .unwrap_or_else(|why| panic!("a splittable etcd cluster: {why}"))
+        });
         let initial = ports
             .iter()
             .enumerate()
@@ -60,10 +83,14 @@ impl EtcdCluster {
                 .iter()
                 .map(|a| (*a).to_owned())
                 .collect();
-                OwnedProcess::spawn(&format!("etcd-m{i}"), "etcd", args, *client, dir)
+                let run_as = split.as_ref().map(|s| {
+                    s.own(i, dir.path());
+                    s.run_as(i)
+                });
+                OwnedProcess::spawn_as(&format!("etcd-m{i}"), "etcd", args, *client, dir, run_as)
             })
             .collect();
-        let c = EtcdCluster { members };
+        let c = EtcdCluster { members, split };
         c.wait_healthy(Duration::from_secs(60));
         c
     }
@@ -111,6 +138,24 @@ impl Topology for EtcdCluster {
             })
             .max()
             .map(|(_, i)| i)
+    }
+    fn can_isolate(&self) -> bool {
+        self.split.is_some()
+    }
+    fn isolate_member(&self, i: usize) {
+        if let Some(s) = &self.split {
+            s.isolate(i);
+        }
+    }
+    fn rejoin_member(&self, i: usize) {
+        if let Some(s) = &self.split {
+            s.rejoin(i);
+        }
+    }
+    /// A leader cut off steps down after one election timeout (1 s; etcd
+    /// checks its quorum), and the others elect one within about two more.
+    fn isolation_hold(&self) -> Duration {
+        Duration::from_secs(3)
     }
     /// A leader, and every running member answers a linearizable read
     /// (which goes through the leader and needs a quorum).

@@ -13,6 +13,7 @@ mod etcd;
 mod galera;
 mod links;
 mod members;
+mod netsplit;
 mod patroni;
 mod postgres;
 mod redis_cluster;

@@ -3,6 +3,7 @@
 use std::time::{Duration, Instant};
 
 use super::members::{loopback_hosts, member_dir};
+use super::netsplit::Netsplit;
 use super::topology::Topology;
 use crate::{OwnedProcess, free_port};
 
@@ -10,6 +11,8 @@ use crate::{OwnedProcess, free_port};
 #[derive(Debug)]
 pub struct ZkEnsemble {
     members: Vec<OwnedProcess>,
+    /// The cuts between servers, for an ensemble started splittable.
+    split: Option<Netsplit>,
 }
 
 impl ZkEnsemble {
@@ -22,9 +25,25 @@ impl ZkEnsemble {
     /// ports are only reserved when a server binds them, and a process of a
     /// test running alongside can take one first.
     pub fn start(n: usize) -> Self {
+        Self::start_with(n, false)
+    }
+
+    /// As [`start`](Self::start), each server running as a uid of its own,
+    /// so that [`isolate_member`](Topology::isolate_member) can cut it off
+    /// from the others in the packet filter (its quorum and election
+    /// connections, both ways) while clients still reach it.
+    ///
+    /// # Panics
+    /// As [`start`](Self::start), and when the packet filter cannot be
+    /// used (not root, no `nft`).
+    pub fn start_splittable(n: usize) -> Self {
+        Self::start_with(n, true)
+    }
+
+    fn start_with(n: usize, splittable: bool) -> Self {
         let limit = Duration::from_secs(60);
         for attempt in 1..=3 {
-            let e = Self::launch(n);
+            let e = Self::launch(n, splittable);
             let deadline = Instant::now() + limit;
             while e.health().is_err() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(100));
@@ -43,10 +62,14 @@ impl ZkEnsemble {
         unreachable!("the last try returns or panics")
     }
 
-    fn launch(n: usize) -> Self {
+    fn launch(n: usize, splittable: bool) -> Self {
         let ports: Vec<(u16, u16, u16)> = (0..n)
             .map(|_| (free_port(), free_port(), free_port()))
             .collect();
+        let split = splittable.then(|| {
+            Netsplit::new(ports.iter().map(|(c, q, e)| vec![*c, *q, *e]).collect())
+                .unwrap_or_else(|why| panic!("a splittable ZooKeeper ensemble: {why}"))
+        });
         let servers: String = ports
             .iter()
             .enumerate()
@@ -73,16 +96,21 @@ impl ZkEnsemble {
                     ),
                 )
                 .expect("write zoo.cfg");
-                OwnedProcess::spawn(
+                let run_as = split.as_ref().map(|s| {
+                    s.own(i, dir.path());
+                    s.run_as(i)
+                });
+                OwnedProcess::spawn_as(
                     &format!("zk-{}", i + 1),
                     crate::env::zk_server(),
                     vec!["start-foreground".into(), cfg.display().to_string()],
                     *client,
                     dir,
+                    run_as,
                 )
             })
             .collect();
-        ZkEnsemble { members }
+        ZkEnsemble { members, split }
     }
 
     /// The connect string: `127.0.0.1:P1,127.0.0.1:P2,...`.
@@ -116,6 +144,24 @@ impl Topology for ZkEnsemble {
     }
     fn leader(&self) -> Option<usize> {
         (0..self.members.len()).find(|&i| self.mode(i).as_deref() == Some("leader"))
+    }
+    fn can_isolate(&self) -> bool {
+        self.split.is_some()
+    }
+    fn isolate_member(&self, i: usize) {
+        if let Some(s) = &self.split {
+            s.isolate(i);
+        }
+    }
+    fn rejoin_member(&self, i: usize) {
+        if let Some(s) = &self.split {
+            s.rejoin(i);
+        }
+    }
+    /// A leader cut off gives up after `syncLimit` ticks without a quorum
+    /// of followers (2 s here), and the others elect one within a moment.
+    fn isolation_hold(&self) -> Duration {
+        Duration::from_secs(4)
     }
     /// One server leads and every other running one follows (`srvr`).
     fn health(&self) -> Result<(), String> {
