@@ -262,7 +262,7 @@ async fn redlock_of_five_holds_when_a_node_is_killed_or_frozen() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_sentinel_holds_when_its_primary_is_killed_or_frozen() {
+async fn redis_sentinel_holds_when_its_primary_is_killed_frozen_or_isolated() {
     // No partition: the workers would reach the Sentinels through the
     // nemesis's proxies, but the primary at the address Sentinel names.
     // The default wait=1 of 2 replicas declares that a failover may reissue
@@ -271,13 +271,18 @@ async fn redis_sentinel_holds_when_its_primary_is_killed_or_frozen() {
     // token regressions, and what follows from them, as declared. wait=2
     // would be held to increasing tokens, but a shard with one replica left
     // refuses writes until the lost node rejoins (availability 29% here).
-    let r = cell(
-        || RedisSentinel::start(2, 3),
+    // The primary is also cut off from its replicas and the Sentinels (in
+    // the packet filter) while the workers still reach it at the address
+    // the Sentinels handed out: its acquires get no replica's WAIT, and the
+    // Sentinels promote a replica beside it.
+    let (r, promoted) = cell_for(
+        || RedisSentinel::start_splittable(2, 3),
         RedisSentinel::url,
-        "leader-kill,leader-pause,pause,crash",
+        "leader-kill,leader-pause,leader-isolate,pause,crash",
+        "40s",
     )
     .await;
-    holds(&r);
+    holds_through_isolation(&r, promoted);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

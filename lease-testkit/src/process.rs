@@ -44,7 +44,20 @@ impl OwnedProcess {
         dir: TempDir,
         readiness: Readiness,
     ) -> Self {
-        let mut p = Self::spawn(name, program, args, port, dir);
+        Self::start_as(name, program, args, port, dir, readiness, None)
+    }
+
+    /// As [`start`](Self::start), as `run_as` (uid, gid) when given.
+    pub(crate) fn start_as(
+        name: &str,
+        program: impl Into<PathBuf>,
+        args: Vec<String>,
+        port: u16,
+        dir: TempDir,
+        readiness: Readiness,
+        run_as: Option<(u32, u32)>,
+    ) -> Self {
+        let mut p = Self::spawn_as(name, program, args, port, dir, run_as);
         p.readiness = readiness;
         p.wait_ready(READY_LIMIT);
         p

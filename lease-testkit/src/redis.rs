@@ -22,6 +22,18 @@ pub(crate) fn redis_in(dir: TempDir, durable: bool, extra: &[&str]) -> OwnedProc
     } else {
         free_port()
     };
+    redis_on(port, dir, durable, extra, None)
+}
+
+/// A `redis-server` on `port` with its data in `dir`, as `run_as` (uid,
+/// gid; `dir` must be theirs) when given.
+pub(crate) fn redis_on(
+    port: u16,
+    dir: TempDir,
+    durable: bool,
+    extra: &[&str],
+    run_as: Option<(u32, u32)>,
+) -> OwnedProcess {
     let mut args: Vec<String> = [
         "--port",
         &port.to_string(),
@@ -41,13 +53,14 @@ pub(crate) fn redis_in(dir: TempDir, durable: bool, extra: &[&str]) -> OwnedProc
         args.extend(["--appendonly", "no"].map(String::from));
     }
     args.extend(extra.iter().map(|a| a.to_string()));
-    OwnedProcess::start(
+    OwnedProcess::start_as(
         "redis-server",
         "redis-server",
         args,
         port,
         dir,
         Readiness::RedisPing,
+        run_as,
     )
 }
 

@@ -3,6 +3,7 @@
 use std::time::{Duration, Instant};
 
 use super::members::{loopback_hosts, member_dir, redis_cli};
+use super::netsplit::Netsplit;
 use super::topology::Topology;
 use crate::{OwnedProcess, free_port};
 
@@ -14,6 +15,9 @@ use crate::{OwnedProcess, free_port};
 pub struct RedisSentinel {
     members: Vec<OwnedProcess>,
     sentinels: Vec<OwnedProcess>,
+    /// The cuts between processes, for a topology started splittable: the
+    /// data nodes first, then the Sentinels.
+    split: Option<Netsplit>,
 }
 
 /// The master name the Sentinels of [`RedisSentinel`] monitor.
@@ -31,21 +35,65 @@ impl RedisSentinel {
     /// # Panics
     /// When a process cannot start or the topology is not healthy in 60 s.
     pub fn start(replicas: usize, sentinels: usize) -> Self {
-        let primary = crate::redis::redis_in(member_dir("redis-primary"), true, &[]);
-        let primary_port = primary.port().to_string();
-        let mut members = vec![primary];
-        for _ in 0..replicas {
-            members.push(crate::redis::redis_in(
-                member_dir("redis-replica"),
-                true,
-                &["--replicaof", "127.0.0.1", &primary_port],
-            ));
+        Self::start_with(replicas, sentinels, false)
+    }
+
+    /// As [`start`](Self::start), every data node and Sentinel running as
+    /// a uid of its own, so that [`isolate_member`](Topology::isolate_member)
+    /// can cut a data node off from the other data nodes and from the
+    /// Sentinels in the packet filter, both ways, while clients still reach
+    /// it at the address the Sentinels handed out.
+    ///
+    /// # Panics
+    /// As [`start`](Self::start), and when the packet filter cannot be
+    /// used (not root, no `nft`).
+    pub fn start_splittable(replicas: usize, sentinels: usize) -> Self {
+        Self::start_with(replicas, sentinels, true)
+    }
+
+    fn start_with(replicas: usize, sentinels: usize, splittable: bool) -> Self {
+        let data_ports: Vec<u16> = (0..=replicas).map(|_| free_port()).collect();
+        let sentinel_ports: Vec<u16> = (0..sentinels).map(|_| free_port()).collect();
+        let split = splittable.then(|| {
+            Netsplit::new(
+                data_ports
+                    .iter()
+                    .chain(&sentinel_ports)
+                    .map(|p| vec![*p])
+                    .collect(),
+            )
+            .unwrap_or_else(|why| panic!("a splittable Sentinel topology: {why}"))
+        });
+        // Process `i` of the split (data nodes, then Sentinels): its uid,
+        // and `dir` handed to it.
+        let run_as = |i: usize, dir: &crate::TempDir| {
+            split.as_ref().map(|s| {
+                s.own(i, dir.path());
+                s.run_as(i)
+            })
+        };
+        let primary_port = data_ports[0].to_string();
+        let mut members = Vec::new();
+        for (i, port) in data_ports.iter().enumerate() {
+            let dir = member_dir(if i == 0 {
+                "redis-primary"
+            } else {
+                "redis-replica"
+            });
+            let owner = run_as(i, &dir);
+            let extra: &[&str] = if i == 0 {
+                &[]
+            } else {
+                &["--replicaof", "127.0.0.1", &primary_port]
+            };
+            members.push(crate::redis::redis_on(*port, dir, true, extra, owner));
         }
         let quorum = sentinels / 2 + 1;
-        let sentinels = (0..sentinels)
-            .map(|i| {
+        let sentinels = sentinel_ports
+            .iter()
+            .enumerate()
+            .map(|(i, &port)| {
                 let dir = member_dir("redis-sentinel");
-                let port = free_port();
                 let cfg = dir.path().join("sentinel.conf");
                 std::fs::write(
                     &cfg,
@@ -60,17 +108,23 @@ impl RedisSentinel {
                     ),
                 )
                 .expect("write sentinel.conf");
-                OwnedProcess::start(
+                let owner = run_as(data_ports.len() + i, &dir);
+                OwnedProcess::start_as(
                     &format!("sentinel-{i}"),
                     "redis-server",
                     vec![cfg.display().to_string(), "--sentinel".into()],
                     port,
                     dir,
                     crate::Readiness::RedisPing,
+                    owner,
                 )
             })
             .collect();
-        let s = RedisSentinel { members, sentinels };
+        let s = RedisSentinel {
+            members,
+            sentinels,
+            split,
+        };
         s.wait_healthy(Duration::from_secs(60));
         s
     }
@@ -208,6 +262,25 @@ impl Topology for RedisSentinel {
     }
     fn members_mut(&mut self) -> &mut [OwnedProcess] {
         &mut self.members
+    }
+    fn can_isolate(&self) -> bool {
+        self.split.is_some()
+    }
+    fn isolate_member(&self, i: usize) {
+        if let Some(s) = &self.split {
+            s.isolate(i);
+        }
+    }
+    fn rejoin_member(&self, i: usize) {
+        if let Some(s) = &self.split {
+            s.rejoin(i);
+        }
+    }
+    /// The Sentinels call an unanswering primary down after
+    /// down-after-milliseconds (1 s), agree, and promote a replica within a
+    /// few seconds more.
+    fn isolation_hold(&self) -> Duration {
+        Duration::from_secs(6)
     }
     /// The data node the Sentinels name as primary, when it runs and says
     /// it is one.
