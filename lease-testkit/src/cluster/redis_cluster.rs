@@ -4,6 +4,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use super::members::{loopback_hosts, member_dir, redis_cli};
+use super::netsplit::Netsplit;
 use super::topology::Topology;
 use crate::OwnedProcess;
 
@@ -12,6 +13,8 @@ use crate::OwnedProcess;
 #[derive(Debug)]
 pub struct RedisCluster {
     members: Vec<OwnedProcess>,
+    /// The cuts between nodes, for a cluster started splittable.
+    split: Option<Netsplit>,
 }
 
 /// The `cluster-node-timeout` of [`RedisCluster`].
@@ -25,11 +28,43 @@ impl RedisCluster {
     /// # Panics
     /// When a node cannot start or the cluster does not form in 60 s.
     pub fn start(primaries: usize, replicas: usize) -> Self {
+        Self::start_with(primaries, replicas, false)
+    }
+
+    /// As [`start`](Self::start), each node running as a uid of its own,
+    /// so that [`isolate_member`](Topology::isolate_member) can cut a node
+    /// off from every other (its cluster bus and replication links, both
+    /// ways) in the packet filter while clients still reach it.
+    ///
+    /// # Panics
+    /// As [`start`](Self::start), and when the packet filter cannot be
+    /// used (not root, no `nft`).
+    pub fn start_splittable(primaries: usize, replicas: usize) -> Self {
+        Self::start_with(primaries, replicas, true)
+    }
+
+    fn start_with(primaries: usize, replicas: usize, splittable: bool) -> Self {
         let timeout = CLUSTER_NODE_TIMEOUT.as_millis().to_string();
-        let members: Vec<OwnedProcess> = (0..primaries * (1 + replicas))
-            .map(|_| {
-                crate::redis::redis_in(
-                    member_dir("redis-cluster"),
+        // A node also listens on its cluster bus port, port + 10000.
+        let ports: Vec<u16> = (0..primaries * (1 + replicas))
+            .map(|_| crate::free_port_and(10000))
+            .collect();
+        let split = splittable.then(|| {
+            Netsplit::new(ports.iter().map(|p| vec![*p, *p + 10000]).collect())
+                .unwrap_or_else(|why| panic!("a splittable Redis Cluster: {why}"))
+        });
+        let members: Vec<OwnedProcess> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, &port)| {
+                let dir = member_dir("redis-cluster");
+                let run_as = split.as_ref().map(|s| {
+                    s.own(i, dir.path());
+                    s.run_as(i)
+                });
+                crate::redis::redis_on(
+                    port,
+                    dir,
                     true,
                     &[
                         "--cluster-enabled",
@@ -39,6 +74,7 @@ impl RedisCluster {
                         "--cluster-node-timeout",
                         &timeout,
                     ],
+                    run_as,
                 )
             })
             .collect();
@@ -57,7 +93,7 @@ impl RedisCluster {
             String::from_utf8_lossy(&created.stdout),
             String::from_utf8_lossy(&created.stderr)
         );
-        let c = RedisCluster { members };
+        let c = RedisCluster { members, split };
         c.wait_healthy(Duration::from_secs(60));
         c
     }
@@ -67,7 +103,9 @@ impl RedisCluster {
         format!("redis+cluster://{}", loopback_hosts(&self.members))
     }
 
-    /// The running node that serves `redis_key`'s slot as primary now.
+    /// The running node that serves `redis_key`'s slot as primary now: it
+    /// says so, and its cluster is `ok` in its view (a primary cut off
+    /// from the majority still claims the slot, but its state is `fail`).
     pub fn primary_of(&self, redis_key: &str) -> Option<usize> {
         let any = self.members.iter().find(|m| m.is_running())?;
         let slot: u16 = redis_cli(any.port(), &["CLUSTER", "KEYSLOT", redis_key])?
@@ -80,6 +118,8 @@ impl RedisCluster {
             m.is_running()
                 && redis_cli(m.port(), &["ROLE"])
                     .is_some_and(|r| r.first().map(String::as_str) == Some("master"))
+                && redis_cli(m.port(), &["CLUSTER", "INFO"])
+                    .is_some_and(|info| info.iter().any(|l| l.trim() == "cluster_state:ok"))
                 && redis_cli(m.port(), &["CLUSTER", "NODES"]).is_some_and(|lines| {
                     lines.iter().any(|l| {
                         let f: Vec<&str> = l.split_whitespace().collect();
@@ -114,6 +154,25 @@ impl Topology for RedisCluster {
     /// key use [`RedisCluster::primary_of`].
     fn leader(&self) -> Option<usize> {
         self.primary_of("{0}")
+    }
+    fn can_isolate(&self) -> bool {
+        self.split.is_some()
+    }
+    fn isolate_member(&self, i: usize) {
+        if let Some(s) = &self.split {
+            s.isolate(i);
+        }
+    }
+    fn rejoin_member(&self, i: usize) {
+        if let Some(s) = &self.split {
+            s.rejoin(i);
+        }
+    }
+    /// The other primaries mark a node they cannot reach as failed after
+    /// `cluster-node-timeout` (1 s), and its replica is elected within a
+    /// few seconds more; the cut-off primary stops taking writes.
+    fn isolation_hold(&self) -> Duration {
+        Duration::from_secs(6)
     }
     /// Every running node says `cluster_state:ok`, and every running
     /// replica's link to its primary is up.
