@@ -3,6 +3,7 @@
 use std::time::{Duration, Instant};
 
 use super::members::member_dir;
+use super::netsplit::Netsplit;
 use super::topology::Topology;
 use crate::mysql::{install_db, mariadb, mysql_user};
 use crate::{OwnedProcess, Readiness, free_port};
@@ -18,6 +19,8 @@ pub const GALERA_PROVIDER: &str = "/usr/lib/galera/libgalera_smm.so";
 #[derive(Debug)]
 pub struct GaleraCluster {
     members: Vec<OwnedProcess>,
+    /// The cuts between nodes, for a cluster started splittable.
+    split: Option<Netsplit>,
 }
 
 impl GaleraCluster {
@@ -27,10 +30,30 @@ impl GaleraCluster {
     /// # Panics
     /// When a node cannot start, or the cluster does not form in 90 s.
     pub fn start(n: usize) -> Self {
-        let run_as = mysql_user();
+        Self::start_with(n, false)
+    }
+
+    /// As [`start`](Self::start), each node running as a uid of its own,
+    /// so that [`isolate_member`](Topology::isolate_member) can cut a node
+    /// off from the others (group communication and state transfer, both
+    /// ways) in the packet filter while clients still reach it.
+    ///
+    /// # Panics
+    /// As [`start`](Self::start), and when the packet filter cannot be
+    /// used (not root, no `nft`).
+    pub fn start_splittable(n: usize) -> Self {
+        Self::start_with(n, true)
+    }
+
+    fn start_with(n: usize, splittable: bool) -> Self {
         let ports: Vec<[u16; 4]> = (0..n)
             .map(|_| [free_port(), free_port(), free_port(), free_port()])
             .collect();
+        let split = splittable.then(|| {
+            Netsplit::new(ports.iter().map(|p| p.to_vec()).collect())
+                .unwrap_or_else(|why| panic!("a splittable Galera cluster: {why}"))
+        });
+        let user = mysql_user();
         let gcomm = ports
             .iter()
             .map(|p| format!("127.0.0.1:{}", p[1]))
@@ -40,6 +63,7 @@ impl GaleraCluster {
             .iter()
             .enumerate()
             .map(|(i, [port, group, ist, sst])| {
+                let run_as = split.as_ref().map_or(user, |s| Some(s.run_as(i)));
                 let dir = member_dir("galera-node");
                 if let Some((uid, gid)) = run_as {
                     let _ = std::process::Command::new("chown")
@@ -107,7 +131,7 @@ impl GaleraCluster {
         // Started again later, the first node must join, not bootstrap a
         // second cluster.
         members[0].args.retain(|a| a != "--wsrep-new-cluster");
-        let cluster = GaleraCluster { members };
+        let cluster = GaleraCluster { members, split };
         cluster.wait_healthy(limit);
         assert!(
             mariadb(
@@ -165,6 +189,39 @@ impl Topology for GaleraCluster {
     }
     fn has_leader(&self) -> bool {
         false
+    }
+    fn can_isolate(&self) -> bool {
+        self.split.is_some()
+    }
+    fn isolate_member(&self, i: usize) {
+        if let Some(s) = &self.split {
+            s.isolate(i);
+        }
+    }
+    fn rejoin_member(&self, i: usize) {
+        if let Some(s) = &self.split {
+            s.rejoin(i);
+        }
+    }
+    /// Some other running node is `Synced` in a cluster of every running
+    /// node but `i`: the rest evicted it and went on.
+    fn serves_without(&self, i: usize) -> bool {
+        let others = self
+            .members
+            .iter()
+            .enumerate()
+            .filter(|(j, m)| *j != i && m.is_running())
+            .count();
+        self.members
+            .iter()
+            .enumerate()
+            .filter(|(j, m)| *j != i && m.is_running())
+            .any(|(_, m)| synced(m) == Ok(others))
+    }
+    /// The others suspect a silent node after `evs.suspect_timeout` (3 s)
+    /// and evict it by `evs.inactive_timeout` (6 s).
+    fn isolation_hold(&self) -> Duration {
+        Duration::from_secs(10)
     }
     /// Every running node is `Synced` in one cluster of all running nodes.
     fn health(&self) -> Result<(), String> {

@@ -62,6 +62,13 @@ pub trait Topology: Send + Sync {
         let _ = i;
     }
 
+    /// Whether the members other than `i` serve without it: another member
+    /// leads, or, for a store without a leader, the others form a cluster
+    /// of their own. Asked as an isolation of `i` ends, to show it lasted
+    /// until the others acted.
+    fn serves_without(&self, i: usize) -> bool {
+        self.leader().is_some_and(|l| l != i)
+    }
     /// How long an isolation must last for the others to act on it (elect
     /// another leader); zero when any length shows the case.
     fn isolation_hold(&self) -> Duration {
