@@ -445,6 +445,54 @@ async fn verify_full_tls_with_scram_works_and_refusals_are_denied() {
     }
 }
 
+/// An expired lease whose row provider `a` holds FOR SHARE in a fenced
+/// transaction (a takeover's UPDATE waits on it until `tx` ends), and
+/// provider `b` in the same namespace allowed one connection and a response
+/// timeout of `limit`.
+struct LockedRow {
+    a: PostgresProvider,
+    b: Arc<PostgresProvider>,
+    locked: LeaseKey,
+    lease: lease_api::Lease,
+    tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    limit: Duration,
+}
+
+impl LockedRow {
+    async fn new(prefix: &str) -> Self {
+        let ns = unique(prefix);
+        let a = shared(&ns);
+        let limit = Duration::from_millis(500);
+        let b = Arc::new(
+            PostgresProvider::new(
+                PostgresConfig::new(store_url("LEASE_TEST_POSTGRES_URL"))
+                    .namespace(&ns)
+                    .timeouts(TIMEOUT, limit)
+                    .max_connections(1),
+            )
+            .unwrap(),
+        );
+        let locked = LeaseKey::new("locked-row").unwrap();
+        let ttl = a.capabilities().practical_ttl(Duration::from_millis(200));
+        let lease = a
+            .try_acquire(&locked, ttl)
+            .await
+            .unwrap()
+            .into_lease()
+            .unwrap();
+        let tx = a.begin_fenced(&lease).await.unwrap();
+        tokio::time::sleep(ttl + Duration::from_millis(100)).await;
+        LockedRow {
+            a,
+            b,
+            locked,
+            lease,
+            tx,
+            limit,
+        }
+    }
+}
+
 /// A statement cut off by the response timeout leaves its connection in an
 /// unknown state (here: still blocked on a row lock on the server). The
 /// provider must not reuse it: with a single connection allowed, the next
@@ -452,27 +500,14 @@ async fn verify_full_tls_with_scram_works_and_refusals_are_denied() {
 /// the stuck statement until its lock goes away.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_statement_cut_off_by_the_timeout_does_not_block_the_next_operation() {
-    let ns = unique("cut_off");
-    let a = shared(&ns);
-    let limit = Duration::from_millis(500);
-    let b = PostgresProvider::new(
-        PostgresConfig::new(store_url("LEASE_TEST_POSTGRES_URL"))
-            .namespace(&ns)
-            .timeouts(TIMEOUT, limit)
-            .max_connections(1),
-    )
-    .unwrap();
-    let locked = LeaseKey::new("locked-row").unwrap();
-    let ttl = a.capabilities().practical_ttl(Duration::from_millis(200));
-    let lease = a
-        .try_acquire(&locked, ttl)
-        .await
-        .unwrap()
-        .into_lease()
-        .unwrap();
-    // Holds the row FOR SHARE until dropped: a takeover's UPDATE waits on it.
-    let tx = a.begin_fenced(&lease).await.unwrap();
-    tokio::time::sleep(ttl + Duration::from_millis(100)).await;
+    let LockedRow {
+        a,
+        b,
+        locked,
+        lease,
+        tx,
+        limit,
+    } = LockedRow::new("cut_off").await;
     let err = b.try_acquire(&locked, TTL).await.unwrap_err();
     assert!(matches!(err, LeaseError::Timeout { .. }), "{err:?}");
     let other = LeaseKey::new("other-row").unwrap();
@@ -511,33 +546,17 @@ async fn a_statement_cut_off_by_the_timeout_does_not_block_the_next_operation() 
 /// sees when it runs again (tokio's timeout polls the statement first).
 #[tokio::test]
 async fn a_statement_the_server_cuts_off_first_is_a_timeout() {
-    let ns = unique("server_cut");
-    let a = shared(&ns);
-    let limit = Duration::from_millis(500);
-    let b = Arc::new(
-        PostgresProvider::new(
-            PostgresConfig::new(store_url("LEASE_TEST_POSTGRES_URL"))
-                .namespace(&ns)
-                .timeouts(TIMEOUT, limit)
-                .max_connections(1),
-        )
-        .unwrap(),
-    );
-    let locked = LeaseKey::new("locked-row").unwrap();
-    let ttl = a.capabilities().practical_ttl(Duration::from_millis(200));
-    let lease = a
-        .try_acquire(&locked, ttl)
-        .await
-        .unwrap()
-        .into_lease()
-        .unwrap();
-    // Holds the row FOR SHARE: the takeover's UPDATE waits on it.
-    let mut tx = a.begin_fenced(&lease).await.unwrap();
+    let LockedRow {
+        b,
+        locked,
+        mut tx,
+        limit,
+        ..
+    } = LockedRow::new("server_cut").await;
     let blocker: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
         .fetch_one(&mut *tx)
         .await
         .unwrap();
-    tokio::time::sleep(ttl + Duration::from_millis(100)).await;
     let admin = sqlx::PgPool::connect(&store_url("LEASE_TEST_POSTGRES_URL"))
         .await
         .unwrap();

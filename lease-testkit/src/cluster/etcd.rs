@@ -139,18 +139,8 @@ impl Topology for EtcdCluster {
             .max()
             .map(|(_, i)| i)
     }
-    fn can_isolate(&self) -> bool {
-        self.split.is_some()
-    }
-    fn isolate_member(&self, i: usize) {
-        if let Some(s) = &self.split {
-            s.isolate(i);
-        }
-    }
-    fn rejoin_member(&self, i: usize) {
-        if let Some(s) = &self.split {
-            s.rejoin(i);
-        }
+    fn netsplit(&self) -> Option<&Netsplit> {
+        self.split.as_ref()
     }
     /// A leader cut off steps down after one election timeout (1 s; etcd
     /// checks its quorum), and the others elect one within about two more.

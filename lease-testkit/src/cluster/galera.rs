@@ -190,18 +190,8 @@ impl Topology for GaleraCluster {
     fn has_leader(&self) -> bool {
         false
     }
-    fn can_isolate(&self) -> bool {
-        self.split.is_some()
-    }
-    fn isolate_member(&self, i: usize) {
-        if let Some(s) = &self.split {
-            s.isolate(i);
-        }
-    }
-    fn rejoin_member(&self, i: usize) {
-        if let Some(s) = &self.split {
-            s.rejoin(i);
-        }
+    fn netsplit(&self) -> Option<&Netsplit> {
+        self.split.as_ref()
     }
     /// Some other running node is `Synced` in a cluster of every running
     /// node but `i`: the rest evicted it and went on.

@@ -24,6 +24,7 @@ mod zk;
 
 pub use etcd::EtcdCluster;
 pub use galera::{GALERA_PROVIDER, GaleraCluster};
+pub use netsplit::Netsplit;
 pub use patroni::{PATRONI_TTL_SECS, PatroniCluster, patroni_bin};
 pub use postgres::PostgresHa;
 pub use redis_cluster::{CLUSTER_NODE_TIMEOUT, RedisCluster};

@@ -31,7 +31,7 @@ const UID_BASE: u32 = 3_000_000;
 /// after this process, removed when dropped (and, when a test process died
 /// without dropping it, by the next `Netsplit` made on the machine).
 #[derive(Debug)]
-pub(crate) struct Netsplit {
+pub struct Netsplit {
     table: String,
     /// Per member: its uid and the ports it listens on.
     members: Vec<(u32, Vec<u16>)>,
@@ -103,7 +103,7 @@ impl Netsplit {
     ///
     /// # Panics
     /// When `nft` refuses the rules.
-    pub(crate) fn isolate(&self, i: usize) {
+    pub fn isolate(&self, i: usize) {
         let mut isolated = self
             .isolated
             .lock()
@@ -116,7 +116,7 @@ impl Netsplit {
     ///
     /// # Panics
     /// When `nft` refuses the rules.
-    pub(crate) fn rejoin(&self, i: usize) {
+    pub fn rejoin(&self, i: usize) {
         let mut isolated = self
             .isolated
             .lock()

@@ -155,18 +155,8 @@ impl Topology for RedisCluster {
     fn leader(&self) -> Option<usize> {
         self.primary_of("{0}")
     }
-    fn can_isolate(&self) -> bool {
-        self.split.is_some()
-    }
-    fn isolate_member(&self, i: usize) {
-        if let Some(s) = &self.split {
-            s.isolate(i);
-        }
-    }
-    fn rejoin_member(&self, i: usize) {
-        if let Some(s) = &self.split {
-            s.rejoin(i);
-        }
+    fn netsplit(&self) -> Option<&Netsplit> {
+        self.split.as_ref()
     }
     /// The other primaries mark a node they cannot reach as failed after
     /// `cluster-node-timeout` (1 s), and its replica is elected within a

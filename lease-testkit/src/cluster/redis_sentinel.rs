@@ -263,18 +263,8 @@ impl Topology for RedisSentinel {
     fn members_mut(&mut self) -> &mut [OwnedProcess] {
         &mut self.members
     }
-    fn can_isolate(&self) -> bool {
-        self.split.is_some()
-    }
-    fn isolate_member(&self, i: usize) {
-        if let Some(s) = &self.split {
-            s.isolate(i);
-        }
-    }
-    fn rejoin_member(&self, i: usize) {
-        if let Some(s) = &self.split {
-            s.rejoin(i);
-        }
+    fn netsplit(&self) -> Option<&Netsplit> {
+        self.split.as_ref()
     }
     /// The Sentinels call an unanswering primary down after
     /// down-after-milliseconds (1 s), agree, and promote a replica within a

@@ -2,6 +2,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::netsplit::Netsplit;
 use crate::OwnedProcess;
 
 /// What every topology offers the tests.
@@ -44,22 +45,34 @@ pub trait Topology: Send + Sync {
         self.members()[i].thaw();
     }
 
+    /// The packet filter's cuts between the members, for a topology started
+    /// splittable (each member under a uid of its own); the isolation
+    /// hooks below use them.
+    fn netsplit(&self) -> Option<&Netsplit> {
+        None
+    }
+
     /// True when [`isolate_member`](Self::isolate_member) cuts something:
-    /// the topology's members reach each other through links it owns.
+    /// the topology's members reach each other through links it owns, or
+    /// it was started splittable.
     fn can_isolate(&self) -> bool {
-        false
+        self.netsplit().is_some()
     }
 
     /// Cuts member `i` off from the other members (and from a coordination
     /// store they share) while its clients still reach it: the split-brain
     /// case. Nothing when [`can_isolate`](Self::can_isolate) is false.
     fn isolate_member(&self, i: usize) {
-        let _ = i;
+        if let Some(s) = self.netsplit() {
+            s.isolate(i);
+        }
     }
 
     /// Heals what [`isolate_member`](Self::isolate_member) cut.
     fn rejoin_member(&self, i: usize) {
-        let _ = i;
+        if let Some(s) = self.netsplit() {
+            s.rejoin(i);
+        }
     }
 
     /// Whether the members other than `i` serve without it: another member

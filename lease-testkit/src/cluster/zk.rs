@@ -145,18 +145,8 @@ impl Topology for ZkEnsemble {
     fn leader(&self) -> Option<usize> {
         (0..self.members.len()).find(|&i| self.mode(i).as_deref() == Some("leader"))
     }
-    fn can_isolate(&self) -> bool {
-        self.split.is_some()
-    }
-    fn isolate_member(&self, i: usize) {
-        if let Some(s) = &self.split {
-            s.isolate(i);
-        }
-    }
-    fn rejoin_member(&self, i: usize) {
-        if let Some(s) = &self.split {
-            s.rejoin(i);
-        }
+    fn netsplit(&self) -> Option<&Netsplit> {
+        self.split.as_ref()
     }
     /// A leader cut off gives up after `syncLimit` ticks without a quorum
     /// of followers (2 s here), and the others elect one within a moment.
