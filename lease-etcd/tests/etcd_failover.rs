@@ -73,6 +73,17 @@ async fn isolating_the_leader_keeps_the_lease_the_waiter_and_the_token_order() {
         .lock()
         .unwrap()
         .expect("the scenario isolated the leader");
+    // Clients still reach it: the cut is between members only.
+    let port = cluster.lock().unwrap().members()[alone].port();
+    let answer = tokio::task::spawn_blocking(move || {
+        lease_testkit::tcp_exchange(port, b"GET /version HTTP/1.0\r\n\r\n")
+    })
+    .await
+    .unwrap();
+    assert!(
+        answer.as_deref().is_ok_and(|a| a.contains(" 200 ")),
+        "a client no longer reaches the isolated member: {answer:?}"
+    );
     let pinned = EtcdProvider::new(
         EtcdConfig::new([endpoints[alone].clone()])
             .namespace(&ns)

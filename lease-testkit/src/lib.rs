@@ -40,7 +40,7 @@ pub use ports::{free_port, free_port_and};
 pub use postgres::{owned_postgres, owned_postgres_tls};
 pub use process::{OwnedProcess, spawn_lasting};
 pub use proxy::Proxy;
-pub use ready::Readiness;
+pub use ready::{Readiness, tcp_exchange};
 pub use redis::{owned_redis, owned_redis_tls, owned_redis_with};
 pub use restartable::Restartable;
 pub use tempdir::TempDir;

@@ -147,9 +147,13 @@ fn redis_answer(line: &str) -> Result<(), String> {
     }
 }
 
-/// Sends `request` on a fresh connection and reads what comes back within
-/// two seconds (until the server closes, or the first reply for Redis).
-fn tcp_exchange(port: u16, request: &[u8]) -> Result<String, String> {
+/// Sends `request` to `127.0.0.1:port` on a fresh connection and reads what
+/// comes back within two seconds (until the server closes, or, for a
+/// request ending in CRLF, the first chunk that does).
+///
+/// # Errors
+/// When it cannot connect or send, or nothing comes back.
+pub fn tcp_exchange(port: u16, request: &[u8]) -> Result<String, String> {
     let mut s = TcpStream::connect_timeout(
         &std::net::SocketAddr::from(([127, 0, 0, 1], port)),
         Duration::from_secs(2),

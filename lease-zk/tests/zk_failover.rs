@@ -185,6 +185,16 @@ async fn isolating_the_leader_keeps_the_lease_the_waiter_and_the_token_order() {
         .lock()
         .unwrap()
         .expect("the scenario isolated the leader");
+    // Clients still reach it (it answers, though it serves no session
+    // without a quorum): the cut is between servers only.
+    let port = ensemble.lock().unwrap().members()[alone].port();
+    let answer = tokio::task::spawn_blocking(move || lease_testkit::tcp_exchange(port, b"srvr"))
+        .await
+        .unwrap();
+    assert!(
+        answer.as_deref().is_ok_and(|a| !a.trim().is_empty()),
+        "a client no longer reaches the isolated server: {answer:?}"
+    );
     let pinned = ZkProvider::new(
         ZkConfig::new(servers[alone].clone())
             .namespace(&ns)
