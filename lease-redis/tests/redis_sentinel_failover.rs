@@ -4,7 +4,8 @@
 //! keep growing is that acquires and extends wait for a replica (WAIT); these
 //! tests show it holds, that it is what holds (without it a token repeats,
 //! as the capabilities then declare), and that nothing is handed out while
-//! no replica acknowledges.
+//! no replica acknowledges. One test cuts the primary off instead (the
+//! split-brain case): a replica is promoted beside it.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -223,4 +224,95 @@ async fn without_waiting_for_a_replica_a_failover_reissues_a_token_as_declared()
         again.token(),
         unreplicated.token()
     );
+}
+
+/// The primary cut off from its replicas and the Sentinels in the packet
+/// filter, both ways, while clients still reach it (the split-brain case
+/// Sentinel is known for). A client of the old primary still gets its write
+/// taken, but no replica acknowledges it (`WAIT` answers 0: with the cut
+/// switched off it answers 1), and that write is gone once the old primary
+/// rejoins as a replica: what the provider's `WAIT` keeps it from handing
+/// out. The held lease, written with `WAIT`, survives on the promoted
+/// replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_isolated_primary_gets_no_write_acknowledged_and_a_replica_takes_over() {
+    let topology = tokio::task::spawn_blocking(|| RedisSentinel::start_splittable(2, 3))
+        .await
+        .unwrap();
+    let ns = unique("isolated");
+    let p = provider(&topology.url(), &ns);
+    let ttl = p
+        .probe()
+        .await
+        .unwrap()
+        .practical_ttl(Duration::from_secs(60));
+    let k = LeaseKey::new("held").unwrap();
+    let held = until_ok(|| p.try_acquire(&k, ttl))
+        .await
+        .into_lease()
+        .unwrap();
+    let primary = topology.wait_leader(Duration::from_secs(10));
+    let old = redis::Client::open(format!(
+        "redis://127.0.0.1:{}/",
+        topology.members()[primary].port()
+    ))
+    .unwrap();
+    let mut old = old.get_multiplexed_async_connection().await.unwrap();
+    let stray = unique("stray");
+    topology.isolate_member(primary);
+    let (ok, replicas): (String, i64) = redis::pipe()
+        .cmd("SET")
+        .arg(&stray)
+        .arg("written on the isolated primary")
+        .cmd("WAIT")
+        .arg(1)
+        .arg(200)
+        .query_async(&mut old)
+        .await
+        .unwrap();
+    assert_eq!(
+        ok, "OK",
+        "the isolated primary still takes a client's write"
+    );
+    assert_eq!(replicas, 0, "a replica acknowledged a write across the cut");
+
+    // The Sentinels promote a replica; the held lease is there.
+    let since = Instant::now();
+    let renewed = loop {
+        match p.extend(&held, ttl).await {
+            Ok(l) => break l,
+            Err(e) if e.is_transient() && since.elapsed() < Duration::from_secs(30) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("the held lease did not survive the isolation: {e:?}"),
+        }
+    };
+    assert_eq!(renewed.token(), held.token());
+    let topology = tokio::task::spawn_blocking(move || {
+        let leader = topology.wait_leader(Duration::from_secs(30));
+        assert_ne!(leader, primary, "the isolated primary still leads");
+        topology.rejoin_member(primary);
+        topology.wait_healthy(Duration::from_secs(60));
+        topology
+    })
+    .await
+    .unwrap();
+    // Rejoined as a replica, the old primary dropped the write nobody
+    // acknowledged.
+    let leader = topology.wait_leader(Duration::from_secs(10));
+    let mut now = redis::Client::open(format!(
+        "redis://127.0.0.1:{}/",
+        topology.members()[leader].port()
+    ))
+    .unwrap()
+    .get_multiplexed_async_connection()
+    .await
+    .unwrap();
+    let gone: Option<String> = redis::cmd("GET")
+        .arg(&stray)
+        .query_async(&mut now)
+        .await
+        .unwrap();
+    assert_eq!(gone, None, "the unacknowledged write survived");
+    p.release(&renewed).await.unwrap();
 }
