@@ -6,8 +6,9 @@
 //! which a freeze longer than down-after demotes; in a Redis Cluster, the
 //! primary of slot 0's shard) while a holder
 //! holds, and cuts the leader off from the other members while the workers
-//! still reach it (Patroni through its links; etcd and ZooKeeper in the
-//! packet filter), besides pausing, crashing and cutting off workers; the checker
+//! still reach it (Patroni through its links; etcd, ZooKeeper, Sentinel,
+//! Redis Cluster and Galera in the packet filter), besides pausing,
+//! crashing and cutting off workers; the checker
 //! judges the history against what each backend declares.
 //!
 //! The cells run one at a time (8 worker processes each on a 2-core machine).

@@ -128,6 +128,18 @@ impl Netsplit {
     /// Replaces the cuts with those of the `isolated` members, at once.
     fn apply(&self, isolated: &BTreeSet<usize>) {
         let mut script = format!("flush chain inet {} cut\n", self.table);
+        if !isolated.is_empty() {
+            // A cut connection whose conntrack entry went away (closed with a
+            // reset meanwhile) would come back mid-stream as a "new" one,
+            // marked by the sender and seen in reverse, which no rule below
+            // matches: drop members' packets that open nothing.
+            let _ = writeln!(
+                script,
+                "add rule inet {t} cut ct state new meta skuid {{ {uids} }} tcp flags & (syn | ack) != syn drop",
+                t = self.table,
+                uids = join(self.members.iter().map(|m| m.0))
+            );
+        }
         for &i in isolated {
             let (uid, ports) = &self.members[i];
             let others: Vec<&(u32, Vec<u16>)> = self
@@ -140,6 +152,9 @@ impl Netsplit {
             let other_uids = join(others.iter().map(|m| m.0));
             let other_ports = join(others.iter().flat_map(|m| m.1.iter().copied()));
             let own_ports = join(ports.iter().copied());
+            if others.is_empty() {
+                continue; // alone already
+            }
             let _ = writeln!(
                 script,
                 "add rule inet {t} cut ct mark {uid} meta l4proto tcp ct original proto-dst {{ {other_ports} }} drop",
@@ -167,9 +182,19 @@ fn join(items: impl Iterator<Item = impl std::fmt::Display>) -> String {
     items.map(|x| x.to_string()).collect::<Vec<_>>().join(", ")
 }
 
+/// `nft`: Debian keeps it in /usr/sbin, which a non-login root shell's
+/// PATH may lack.
+fn nft_program() -> &'static str {
+    if Path::new("/usr/sbin/nft").exists() {
+        "/usr/sbin/nft"
+    } else {
+        "nft"
+    }
+}
+
 /// Runs `nft -f -` on `script`.
 fn nft(script: &str) -> Result<(), String> {
-    let mut child = Command::new("nft")
+    let mut child = Command::new(nft_program())
         .args(["-f", "-"])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
@@ -185,18 +210,25 @@ fn nft(script: &str) -> Result<(), String> {
         .wait_with_output()
         .map_err(|e| format!("nft did not finish: {e}"))?;
     if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "nft failed: {}\n{script}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
+        return Ok(());
     }
+    let why = String::from_utf8_lossy(&out.stderr).trim().to_owned();
+    let hint = if why.contains("No such file or directory") {
+        " (is the kernel's connection tracking there? modprobe nf_conntrack nft_ct)"
+    } else if why.contains("Operation not permitted") {
+        " (nftables needs CAP_NET_ADMIN)"
+    } else {
+        ""
+    };
+    Err(format!("nft failed{hint}: {why}\n{script}"))
 }
 
 /// Deletes the tables of test processes that are gone.
 fn remove_stale_tables() {
-    let Ok(out) = Command::new("nft").args(["list", "tables"]).output() else {
+    let Ok(out) = Command::new(nft_program())
+        .args(["list", "tables"])
+        .output()
+    else {
         return;
     };
     for line in String::from_utf8_lossy(&out.stdout).lines() {
