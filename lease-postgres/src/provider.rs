@@ -371,8 +371,11 @@ impl PostgresProvider {
         // The waiters' marks are unique where this role may add the index
         // (it must own the table); without it, joins take the statement
         // from before the index (see `WaiterStatements::join_unindexed`).
-        let indexed = self
-            .bounded("the waiters' index", async {
+        let limit = self.inner.response_timeout;
+        let indexed = lease_api::backend::bounded(
+            "the waiters' index",
+            limit,
+            async {
                 let pool = self
                     .pool()
                     .map_err(|e| sqlx::Error::Configuration(e.into()))?;
@@ -393,15 +396,24 @@ impl PostgresProvider {
                     tx.commit().await?;
                 }
                 Ok(())
-            })
-            .await;
+            },
+            |e| {
+                // The server ended the build (a role's own statement_timeout,
+                // a cancel): it would end it again on every call, so this is
+                // a refusal, not a timeout to retry.
+                if is_statement_timeout(&e) {
+                    LeaseError::backend("PostgreSQL ended the waiters' index build", e)
+                } else {
+                    self.map_err(e)
+                }
+            },
+        )
+        .await;
         if let Err(e) = indexed {
-            // A server that is down fails the migration (tried again on the
-            // next call); one that refuses or cuts off the index build (a
-            // role's own statement_timeout ends it as 57014, which reads as
-            // Timeout) leaves joins without it, instead of failing every
-            // call on a build that cannot finish.
-            if matches!(e, LeaseError::Unavailable { .. }) {
+            // A server that is down or slow fails the migration (tried again
+            // on the next call); one that refuses the index leaves joins
+            // without it.
+            if e.is_transient() {
                 return Err(e);
             }
             tracing::warn!(error = %e, "could not add the unique index on the waiters' marks; joins go without it");
