@@ -162,6 +162,14 @@ pub use crate::memory::DEFAULT_NAMESPACE;
 pub use crate::observe::ObserveHook;
 pub use crate::provider::acquire_in_key_order;
 pub use crate::queue::{MAX_TICKET_TTL, Place, Ticket, WaitQueue};
+
+/// The rules of a queue of waiters kept by TTL and mark, as pure functions
+/// (what the in-memory provider runs, Redis's and PostgreSQL's scripts state,
+/// and the `lease-model` checker explores).
+pub mod queue_rules {
+    pub use crate::queue_rules::*;
+}
+pub use crate::session_config::Timing as SessionTiming;
 pub use crate::session_store::SessionStore;
 pub use crate::sql_names::validate_sql_identifier;
 pub use crate::time::{deadline_after, deadline_in};

@@ -153,6 +153,7 @@ mod multi;
 mod observe;
 mod provider;
 mod queue;
+mod queue_rules;
 mod record;
 mod run;
 mod rw;

@@ -14,6 +14,7 @@ use crate::key::validate_namespace;
 use crate::lease::{LeaseKind, OwnerId};
 use crate::memory_rw::RwEntry;
 use crate::queue::{Place, Ticket, WaitQueue};
+use crate::queue_rules::{self, Standing};
 use crate::watch::KeyWatch;
 use crate::watch::NotifyWatch;
 use crate::{
@@ -53,6 +54,15 @@ struct Waiter {
     left: Arc<Notify>,
 }
 
+impl queue_rules::QueuedTicket<Instant> for Waiter {
+    fn mark(&self) -> u64 {
+        self.mark
+    }
+    fn expires_at(&self) -> Instant {
+        self.expires_at
+    }
+}
+
 type Queue = BTreeMap<u64, Waiter>;
 
 #[derive(Default)]
@@ -85,7 +95,7 @@ impl State {
 /// Drops the tickets past their TTL, waking whoever waits behind them.
 fn expire_tickets(queue: &mut Queue, now: Instant) {
     queue.retain(|_, w| {
-        let live = w.expires_at > now;
+        let live = queue_rules::is_live(w, now);
         if !live {
             w.left.notify_waiters();
         }
@@ -535,12 +545,12 @@ impl WaitQueue for MemoryProvider {
         let mut state = self.store.lock()?;
         let entry_key = self.entry_key(key);
         // A join again with a live ticket's mark gets that ticket.
-        if let Some((seq, w)) = state.queues.get_mut(&entry_key).and_then(|q| {
-            q.iter_mut()
-                .find(|(_, w)| w.mark == mark && w.expires_at > now)
-        }) {
+        if let Some(q) = state.queues.get_mut(&entry_key)
+            && let Some(seq) = queue_rules::rejoin_of(q, mark, now)
+            && let Some(w) = q.get_mut(&seq)
+        {
             w.expires_at = now + ttl;
-            return Ok(Ticket::new(key.clone(), *seq, mark));
+            return Ok(Ticket::new(key.clone(), seq, mark));
         }
         state.last_ticket += 1;
         let seq = state.last_ticket;
@@ -562,19 +572,19 @@ impl WaitQueue for MemoryProvider {
             return Ok(Place::Gone);
         };
         expire_tickets(queue, now);
-        if queue
-            .get(&ticket.seq())
-            .is_none_or(|w| w.mark != ticket.mark())
-        {
-            return Ok(Place::Gone);
-        }
-        Ok(match queue.range(..ticket.seq()).next_back() {
-            None => Place::First,
-            Some((seq, w)) => Place::Behind {
-                ahead: Ticket::new(ticket.key().clone(), *seq, w.mark),
-                remaining: Some(w.expires_at - now),
+        Ok(
+            match queue_rules::standing(queue, ticket.seq(), ticket.mark()) {
+                Standing::Gone => Place::Gone,
+                Standing::First => Place::First,
+                Standing::Behind(seq) => match queue.get(&seq) {
+                    Some(w) => Place::Behind {
+                        ahead: Ticket::new(ticket.key().clone(), seq, w.mark),
+                        remaining: Some(w.expires_at - now),
+                    },
+                    None => Place::Gone,
+                },
             },
-        })
+        )
     }
 
     async fn watch_ticket(&self, ahead: &Ticket) -> Result<Box<dyn KeyWatch>> {
@@ -598,8 +608,8 @@ impl WaitQueue for MemoryProvider {
         let waiter = state
             .queues
             .get_mut(&self.entry_key(ticket.key()))
-            .and_then(|q| q.get_mut(&ticket.seq()))
-            .filter(|w| w.mark == ticket.mark() && w.expires_at > now);
+            .filter(|q| queue_rules::refreshable(q, ticket.seq(), ticket.mark(), now))
+            .and_then(|q| q.get_mut(&ticket.seq()));
         Ok(match waiter {
             Some(w) => {
                 w.expires_at = now + ttl;
@@ -613,9 +623,7 @@ impl WaitQueue for MemoryProvider {
         let mut state = self.store.lock()?;
         let entry_key = self.entry_key(ticket.key());
         if let Some(queue) = state.queues.get_mut(&entry_key) {
-            if queue
-                .get(&ticket.seq())
-                .is_some_and(|w| w.mark == ticket.mark())
+            if queue_rules::is_own(queue, ticket.seq(), ticket.mark())
                 && let Some(w) = queue.remove(&ticket.seq())
             {
                 w.left.notify_waiters();

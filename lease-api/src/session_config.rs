@@ -71,8 +71,11 @@ impl SessionConfig {
     }
 }
 
+/// When a session renews its leases and when it gives one up as lost,
+/// derived from the shortest validity window among them (what the renewal
+/// loop runs; public for the `lease-model` checker, which explores it).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Timing {
+pub struct Timing {
     pub(crate) window: Duration,
     pub(crate) renew_every: Duration,
     pub(crate) retry_every: Duration,
@@ -82,7 +85,7 @@ pub(crate) struct Timing {
 impl Timing {
     /// The timing of a guard whose validity window is `window`, as
     /// [`LeaseGuard`](crate::LeaseGuard) derives it.
-    pub(crate) fn new(window: Duration, config: &SessionConfig) -> Self {
+    pub fn new(window: Duration, config: &SessionConfig) -> Self {
         let lost_margin = config
             .lost_margin
             .unwrap_or((window / 10).min(Duration::from_secs(1)))
@@ -104,11 +107,23 @@ impl Timing {
         }
     }
 
-    pub(crate) fn fire_at(&self, lease: &Lease) -> Instant {
+    /// How long after a round's start the next round runs.
+    pub fn renew_every(&self) -> Duration {
+        self.renew_every
+    }
+
+    /// How long after a failed round the next one runs.
+    pub fn retry_every(&self) -> Duration {
+        self.retry_every
+    }
+
+    /// When `lease`'s lost signal fires unless a renewal moved its validity.
+    pub fn fire_at(&self, lease: &Lease) -> Instant {
         self.fire_at_of(lease.valid_until())
     }
 
-    pub(crate) fn fire_at_of(&self, valid_until: Instant) -> Instant {
+    /// When a lease valid until `valid_until` fires: the lost margin before.
+    pub fn fire_at_of(&self, valid_until: Instant) -> Instant {
         valid_until
             .checked_sub(self.lost_margin)
             .unwrap_or(valid_until)

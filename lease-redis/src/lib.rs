@@ -149,9 +149,13 @@ pub use redlock::{RedlockConfig, RedlockProvider};
 
 /// The Lua scripts of one acquire and one release, for `lease-bench`'s
 /// *protocol* floor: this crate's store work run on a raw client, to tell
-/// the cost of the protocol from the cost of the client. Not a stable API.
+/// the cost of the protocol from the cost of the client; and Redlock's
+/// decisions (the majority, the token of a won round), which the
+/// `lease-model` checker explores. Not a stable API.
 #[doc(hidden)]
 pub mod protocol {
+    pub use crate::redlock::{TokenStep, quorum, token_step};
+
     /// KEYS: lease, fence, cancel tombstone. ARGV: owner hex, TTL in
     /// milliseconds, holder label. Returns `{won, token or PTTL, holder}`.
     pub fn acquire() -> &'static redis::Script {

@@ -17,9 +17,16 @@ use crate::single::millis;
 
 /// The token of a won acquire round, and whether the raise round must run.
 #[derive(Debug, PartialEq, Eq)]
-struct TokenStep {
-    token: u64,
-    raise: bool,
+pub struct TokenStep {
+    /// The lease's token.
+    pub token: u64,
+    /// Whether the raise round must bring the majority's counters up to it.
+    pub raise: bool,
+}
+
+/// How many of `n` nodes make a majority: any two majorities share a node.
+pub fn quorum(n: usize) -> usize {
+    n / 2 + 1
 }
 
 /// The token is the highest counter among the nodes that granted the lease
@@ -31,7 +38,7 @@ struct TokenStep {
 /// majority has a counter >= the token, which is what makes any later
 /// majority's token larger (see the crate docs; `tests::tokens_are_monotonic_*`
 /// check it over every majority sequence).
-fn token_step(won: &[(usize, u64)]) -> TokenStep {
+pub fn token_step(won: &[(usize, u64)]) -> TokenStep {
     let token = won.iter().map(|(_, t)| *t).max().unwrap_or(0);
     TokenStep {
         token,
@@ -301,7 +308,7 @@ impl RedlockProvider {
 
 #[cfg(test)]
 mod tests {
-    use super::{TokenStep, token_step};
+    use super::{TokenStep, quorum, token_step};
     use std::collections::HashSet;
 
     /// What one acquire round can do to the nodes' fence counters, mirroring
@@ -329,7 +336,7 @@ mod tests {
     /// before it. States are kept relative to the last issued token, so equal
     /// situations are explored once. Returns how many states were explored.
     fn explore(n: usize, depth: usize, step: fn(&[(usize, u64)]) -> TokenStep) -> usize {
-        let quorum = n / 2 + 1;
+        let quorum = quorum(n);
         let all: Vec<usize> = (0..n).collect();
         // Counters, and the last issued token (0: none yet).
         let mut frontier: Vec<(Vec<u64>, u64)> = vec![(vec![0; n], 0)];

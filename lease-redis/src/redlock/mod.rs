@@ -23,6 +23,7 @@ mod acquire;
 mod config;
 mod ops;
 
+pub use acquire::{TokenStep, quorum, token_step};
 pub use config::RedlockConfig;
 
 /// The node calls of one round, run in the caller's task rather than one
@@ -234,7 +235,7 @@ impl RedlockProvider {
                     .map(|_| std::sync::atomic::AtomicBool::new(false))
                     .collect(),
                 response_timeout: config.response_timeout,
-                quorum: nodes.len() / 2 + 1,
+                quorum: quorum(nodes.len()),
                 nodes,
                 channel: release_channel(&ns_encoded),
                 ns_encoded,

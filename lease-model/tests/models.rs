@@ -1,0 +1,86 @@
+//! Every model, checked exhaustively within a short bound (CI), and each
+//! broken variant caught. `lease-model --deep` runs the deep bounds.
+
+use lease_model::fair_queue::{FairQueue, QueueDesign};
+use lease_model::{check, refute};
+
+#[test]
+fn the_fair_queue_keeps_every_ticket_its_own_and_serves_in_order() {
+    let r = check(FairQueue::new(2, QueueDesign::Marked), 40);
+    println!("{r}");
+    assert!(r.holds(), "{r}");
+}
+
+#[test]
+fn a_queue_that_knows_tickets_by_number_alone_hands_one_to_another_waiter() {
+    let r = refute(FairQueue::new(2, QueueDesign::NumberOnly), 40);
+    println!("{r}");
+    assert!(r.broke("no ticket is taken by another waiter"), "{r}");
+}
+
+#[test]
+fn a_look_that_keeps_expired_tickets_leaves_a_waiter_behind_a_dead_one() {
+    let r = refute(FairQueue::new(2, QueueDesign::NoExpiryBeforeLook), 40);
+    println!("{r}");
+    assert!(r.broke("no waiter waits on a dead ticket"), "{r}");
+}
+
+use lease_model::redlock::{RedlockDesign, RedlockHolders, RedlockTokens};
+
+fn tokens(design: RedlockDesign, volatile: bool) -> RedlockTokens {
+    RedlockTokens {
+        nodes: 3,
+        volatile,
+        design,
+    }
+}
+
+#[test]
+fn redlock_on_durable_nodes_issues_increasing_tokens() {
+    let r = check(tokens(RedlockDesign::Current, false), 7);
+    println!("{r}");
+    assert!(r.holds(), "{r}");
+}
+
+#[test]
+fn redlock_without_the_raise_round_issues_a_token_not_above_an_earlier_one() {
+    let r = refute(tokens(RedlockDesign::NeverRaise, false), 6);
+    println!("{r}");
+    assert!(r.broke("tokens increase"), "{r}");
+}
+
+#[test]
+fn redlock_on_durable_nodes_has_one_holder_at_a_time() {
+    let r = check(
+        RedlockHolders::new(3, 2, 1, RedlockDesign::Current, false),
+        60,
+    );
+    println!("{r}");
+    assert!(r.holds(), "{r}");
+}
+
+#[test]
+fn redlock_granting_on_half_the_nodes_lets_two_clients_hold_at_once() {
+    let r = refute(
+        RedlockHolders::new(3, 2, 1, RedlockDesign::HalfIsEnough, false),
+        60,
+    );
+    println!("{r}");
+    assert!(r.broke("at most one holder at a time"), "{r}");
+}
+
+/// As declared (`TokenDurability::Volatile`): a node that loses its key
+/// and counter lets a second majority form while the first holds, and a
+/// later majority count from below an issued token.
+#[test]
+fn redlock_on_volatile_nodes_breaks_both_as_declared() {
+    let r = refute(
+        RedlockHolders::new(3, 2, 1, RedlockDesign::Current, true),
+        60,
+    );
+    println!("{r}");
+    assert!(r.broke("at most one holder at a time"), "{r}");
+    let r = refute(tokens(RedlockDesign::Current, true), 6);
+    println!("{r}");
+    assert!(r.broke("tokens increase"), "{r}");
+}
