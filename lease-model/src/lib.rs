@@ -39,7 +39,7 @@ use stateright::{Checker, Expectation, HasDiscoveries, Model};
 pub mod fair_queue;
 //pub mod read_write;
 pub mod redlock;
-//pub mod session;
+pub mod session;
 //pub mod zk_epoch;
 
 /// What one exhaustive run found.

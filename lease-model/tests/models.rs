@@ -84,3 +84,42 @@ fn redlock_on_volatile_nodes_breaks_both_as_declared() {
     println!("{r}");
     assert!(r.broke("tokens increase"), "{r}");
 }
+
+use lease_model::session::{Session, SessionDesign};
+
+#[test]
+fn a_session_never_trusts_a_lease_the_store_no_longer_holds() {
+    let r = check(Session::new(SessionDesign::Current), 60);
+    println!("{r}");
+    assert!(r.holds(), "{r}");
+}
+
+#[test]
+fn a_session_counting_validity_from_the_answer_trusts_an_expired_lease() {
+    let r = refute(Session::new(SessionDesign::ValidityFromAnswer), 60);
+    println!("{r}");
+    assert!(
+        r.broke("a lease believed valid is held by the store"),
+        "{r}"
+    );
+}
+
+#[test]
+fn a_session_renewing_a_whole_batch_on_one_answer_trusts_a_failed_lease() {
+    let r = refute(Session::new(SessionDesign::BatchAsOne), 60);
+    println!("{r}");
+    assert!(
+        r.broke("a lease believed valid is held by the store"),
+        "{r}"
+    );
+}
+
+#[test]
+fn a_session_that_holds_fires_back_for_a_round_trusts_an_expired_lease() {
+    let r = refute(Session::new(SessionDesign::FireAfterRound), 60);
+    println!("{r}");
+    assert!(
+        r.broke("a lease believed valid is held by the store"),
+        "{r}"
+    );
+}
