@@ -37,10 +37,10 @@ use std::hash::Hash;
 use stateright::{Checker, Expectation, HasDiscoveries, Model};
 
 pub mod fair_queue;
-//pub mod read_write;
+pub mod read_write;
 pub mod redlock;
 pub mod session;
-//pub mod zk_epoch;
+pub mod zk_epoch;
 
 /// What one exhaustive run found.
 #[derive(Debug)]
@@ -53,6 +53,9 @@ pub struct Report {
     pub unique_states: usize,
     /// The deepest path explored.
     pub depth: usize,
+    /// Whether every reachable state was explored: no path reached the
+    /// depth bound.
+    pub exhaustive: bool,
     /// Safety properties broken, each with the shortest path that breaks it.
     pub violations: Vec<(&'static str, String)>,
     /// "Sometimes" properties never met: the model could not reach what it
@@ -76,8 +79,16 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "{}: {} distinct states ({} generated), depth {}",
-            self.model, self.unique_states, self.states, self.depth
+            "{}: {} distinct states ({} generated), depth {}{}",
+            self.model,
+            self.unique_states,
+            self.states,
+            self.depth,
+            if self.exhaustive {
+                ", exhaustive"
+            } else {
+                ", bounded"
+            }
         )?;
         for (name, path) in &self.violations {
             writeln!(f, "BROKEN: {name}\n{path}")?;
@@ -132,9 +143,9 @@ where
             .finish_when(HasDiscoveries::AnyFailures)
             .spawn_bfs()
             .join();
-        summarize(name, properties, &checker)
+        summarize(name, properties, &checker, depth)
     } else {
-        summarize(name, properties, &builder.spawn_dfs().join())
+        summarize(name, properties, &builder.spawn_dfs().join(), depth)
     }
 }
 
@@ -142,6 +153,7 @@ fn summarize<M, C>(
     name: String,
     properties: Vec<(&'static str, Expectation)>,
     checker: &C,
+    bound: usize,
 ) -> Report
 where
     M: Model,
@@ -171,6 +183,7 @@ where
         states: checker.state_count(),
         unique_states: checker.unique_state_count(),
         depth: checker.max_depth(),
+        exhaustive: checker.max_depth() < bound,
         violations,
         unreached,
     }

@@ -153,7 +153,7 @@ pub struct State {
     /// The batch in flight: when it was sent, and each lease's answer.
     round: Option<(u32, [Answer; LEASES])>,
     revoked_believed: bool,
-    renewed: u8,
+    renewed: bool,
 }
 
 impl State {
@@ -200,7 +200,7 @@ impl Model for Session {
             leases: [lease; LEASES],
             round: None,
             revoked_believed: false,
-            renewed: 0,
+            renewed: false,
         }]
     }
 
@@ -264,7 +264,7 @@ impl Model for Session {
                             _ => sent,
                         };
                         l.valid_ms = self.validity_after(from);
-                        s.renewed = s.renewed.saturating_add(1);
+                        s.renewed = true;
                     } else if a == Answer::NotHeld {
                         l.fired = true;
                         l.revoked = true;

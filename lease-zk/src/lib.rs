@@ -135,15 +135,27 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod cleanup;
 mod config;
 mod issued;
 mod multi;
 mod ops;
+mod plan;
 mod provider;
 mod queue;
 mod rw;
 mod session;
+#[cfg(test)]
+mod takeover_tests;
 mod watch;
+
+/// What each of the provider's multis checks and changes, as data (the
+/// steps the provider writes into ZooKeeper's multi), for the `lease-model`
+/// checker, which runs the same steps on its own tree. Not a stable API.
+#[doc(hidden)]
+pub mod protocol {
+    pub use crate::plan::{Judged, Step, claim, extend, release};
+}
 
 pub use config::ZkConfig;
 pub use provider::ZkProvider;

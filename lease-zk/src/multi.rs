@@ -12,7 +12,9 @@ use lease_api::{LeaseKey, Result, TryAcquireAll};
 use tokio::time::Instant;
 use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiWriteResult};
 
-use crate::provider::{Judged, Paths, ZkProvider, holder_data, multi_err, parse_holder};
+use crate::provider::{
+    HolderRead, Judged, Paths, ZkProvider, holder_data, multi_err, parse_holder,
+};
 
 /// Rounds of look-and-claim before a contended set is answered as held.
 const ROUNDS: usize = 4;
@@ -80,7 +82,13 @@ impl ZkProvider {
             let now = self.shared_now(&client).await?;
             judged = vec![None; keys.len()];
             for (i, found) in read.into_iter().enumerate() {
-                let Some((data_now, stat, epoch)) = found else {
+                let Some(HolderRead {
+                    data: data_now,
+                    stat,
+                    epoch,
+                    owner: judged_owner,
+                }) = found
+                else {
                     continue;
                 };
                 let holder_ttl = parse_holder(&data_now).map_or(Duration::ZERO, |(_, t, _)| t);
@@ -99,6 +107,7 @@ impl ZkProvider {
                 judged[i] = Some(Judged {
                     epoch,
                     holder_version: stat.version,
+                    owner: judged_owner,
                 });
             }
         }
@@ -123,13 +132,18 @@ impl ZkProvider {
         let ephemeral = CreateMode::Ephemeral.with_acls(self.acls());
         let built = (|| {
             for (((p, owner), d), j) in paths.iter().zip(owners).zip(data).zip(judged) {
-                if let Some(j) = j {
-                    w.add_check_version(&p.key, j.epoch)?;
-                    w.add_delete(&p.holder, Some(j.holder_version))?;
-                }
-                w.add_create(&p.holder, d, &ephemeral)?;
-                w.add_create(&p.marker(*owner), b"", &ephemeral)?;
-                w.add_set_data(&p.key, b"", None)?;
+                let marker = p.marker(*owner);
+                let judged_marker = j.and_then(|j| j.owner).map(|o| p.marker(o));
+                let target = crate::plan::Target {
+                    key: &p.key,
+                    holder: &p.holder,
+                    marker: &marker,
+                    judged_marker: judged_marker.as_deref(),
+                    data: d,
+                    ephemeral: &ephemeral,
+                };
+                let steps = crate::plan::claim(j.map(|j| j.plan()));
+                crate::plan::write(&mut w, &steps, &target)?;
             }
             Ok::<(), ZkError>(())
         })();

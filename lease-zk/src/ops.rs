@@ -10,9 +10,12 @@ use lease_api::{
     RwInfo, TryAcquire, TryAcquireAll,
 };
 use tokio::time::Instant;
-use zookeeper_client::Error as ZkError;
+use zookeeper_client::{CreateMode, Error as ZkError};
 
-use crate::provider::{Judged, ZkProvider, bounded_validity, holder_data, multi_err, parse_holder};
+use crate::plan;
+use crate::provider::{
+    HolderRead, Judged, ZkProvider, bounded_validity, holder_data, multi_err, parse_holder,
+};
 use crate::watch::ZkWatch;
 
 impl ZkProvider {
@@ -67,14 +70,16 @@ impl ZkProvider {
             };
         let marker = paths.marker(lease.owner());
         let mut w = client.new_multi_writer();
-        if let Err(e) = w
-            .add_check_version(&paths.key, epoch)
-            .and_then(|()| match holder_version {
-                Some(_) => Ok(()),
-                None => w.add_check_version(&marker, 0),
-            })
-            .and_then(|()| w.add_set_data(&paths.holder, &data, holder_version))
-        {
+        let ephemeral = CreateMode::Ephemeral.with_acls(self.acls());
+        let target = plan::Target {
+            key: &paths.key,
+            holder: &paths.holder,
+            marker: &marker,
+            judged_marker: None,
+            data: &data,
+            ephemeral: &ephemeral,
+        };
+        if let Err(e) = plan::write(&mut w, &plan::extend(epoch, holder_version), &target) {
             return Err(self.map_err(e));
         }
         match self
@@ -133,14 +138,17 @@ impl ZkProvider {
                 (Some(stat.version), expired)
             };
         let mut w = client.new_multi_writer();
-        if let Err(e) = w
-            .add_check_version(&paths.key, epoch)
-            .and_then(|()| match holder_version {
-                Some(_) => Ok(()),
-                None => w.add_delete(&paths.marker(lease.owner()), Some(0)),
-            })
-            .and_then(|()| w.add_delete(&paths.holder, holder_version))
-        {
+        let marker = paths.marker(lease.owner());
+        let ephemeral = CreateMode::Ephemeral.with_acls(self.acls());
+        let target = plan::Target {
+            key: &paths.key,
+            holder: &paths.holder,
+            marker: &marker,
+            judged_marker: None,
+            data: b"",
+            ephemeral: &ephemeral,
+        };
+        if let Err(e) = plan::write(&mut w, &plan::release(epoch, holder_version), &target) {
             return Err(self.map_err(e));
         }
         match self
@@ -195,7 +203,12 @@ impl ZkProvider {
             }
             // Held: judge expiry on the server's clock, on the holder node and
             // the epoch read together (one consistent snapshot).
-            let (data_now, stat, epoch) = match self.read_holder_and_epoch(&client, &paths).await? {
+            let HolderRead {
+                data: data_now,
+                stat,
+                epoch,
+                owner: judged_owner,
+            } = match self.read_holder_and_epoch(&client, &paths).await? {
                 Some(v) => v,
                 None => continue,
             };
@@ -213,6 +226,7 @@ impl ZkProvider {
             let judged = Judged {
                 epoch,
                 holder_version: stat.version,
+                owner: judged_owner,
             };
             match self
                 .claim(&client, &paths, (owner, &data), Some(judged))

@@ -84,6 +84,30 @@ impl std::fmt::Debug for ZkProvider {
 pub(crate) struct Judged {
     pub(crate) epoch: i32,
     pub(crate) holder_version: i32,
+    /// The owner the judged holder node named, when its marker was there in
+    /// the same snapshot: the takeover then checks the marker is still
+    /// there (a purge deletes it; an owner that lost its lease may have
+    /// dropped it already, and then the takeover goes without the check).
+    pub(crate) owner: Option<OwnerId>,
+}
+
+/// A holder node read with the epoch: its data and stat, the epoch, and
+/// its owner when that owner's marker was there too.
+pub(crate) struct HolderRead {
+    pub(crate) data: Vec<u8>,
+    pub(crate) stat: zookeeper_client::Stat,
+    pub(crate) epoch: i32,
+    pub(crate) owner: Option<OwnerId>,
+}
+
+impl Judged {
+    pub(crate) fn plan(&self) -> crate::plan::Judged {
+        crate::plan::Judged {
+            epoch: self.epoch,
+            holder_version: self.holder_version,
+            owner_known: self.owner.is_some(),
+        }
+    }
 }
 
 /// The paths of one lease.
@@ -100,7 +124,12 @@ impl Paths {
     /// extend or release checks it: the epoch alone repeats after a purge
     /// deleted the key node (see `issued`).
     pub(crate) fn marker(&self, owner: OwnerId) -> String {
-        format!("{}/o-{}", self.key, owner.to_hex())
+        format!("{}/{}", self.key, Self::marker_name(owner))
+    }
+
+    /// The marker's name among the key node's children.
+    pub(crate) fn marker_name(owner: OwnerId) -> String {
+        format!("o-{}", owner.to_hex())
     }
 }
 
@@ -543,18 +572,18 @@ impl ZkProvider {
     ) -> Result<Result<(i64, i32), ZkError>> {
         let mut w = client.new_multi_writer();
         let ephemeral = CreateMode::Ephemeral.with_acls(self.acls());
-        let built = (|| {
-            if let Some(judged) = take_over {
-                // The epoch check makes concurrent takeovers exclusive: a fresh
-                // holder node starts at version 0 again, so the holder version
-                // alone would let a second contender delete the first one's node.
-                w.add_check_version(&paths.key, judged.epoch)?;
-                w.add_delete(&paths.holder, Some(judged.holder_version))?;
-            }
-            w.add_create(&paths.holder, data, &ephemeral)?;
-            w.add_create(&paths.marker(owner), b"", &ephemeral)?;
-            w.add_set_data(&paths.key, b"", None)
-        })();
+        let marker = paths.marker(owner);
+        let judged_marker = take_over.and_then(|j| j.owner).map(|o| paths.marker(o));
+        let target = crate::plan::Target {
+            key: &paths.key,
+            holder: &paths.holder,
+            marker: &marker,
+            judged_marker: judged_marker.as_deref(),
+            data,
+            ephemeral: &ephemeral,
+        };
+        let steps = crate::plan::claim(take_over.map(|j| j.plan()));
+        let built = crate::plan::write(&mut w, &steps, &target);
         if let Err(e) = built {
             return Err(self.map_err(e));
         }
@@ -588,65 +617,20 @@ impl ZkProvider {
         }))
     }
 
-    /// Deletes the holder node if it carries `data` (our owner), and our
-    /// marker, after a claim whose outcome is unknown; in the background, on
-    /// the same session.
-    pub(crate) fn remove_if_ours_in_background(
-        &self,
-        client: Client,
-        (holder, marker): (String, String),
-        data: Vec<u8>,
-    ) {
-        // The claim may also run when the connection was dropped and the
-        // session resumes: look again until the session could have expired.
-        let until = Instant::now() + self.inner.config.session_timeout;
-        self.inner.cleanups.spawn(async move {
-            while Instant::now() < until {
-                let look =
-                    tokio::time::timeout(Duration::from_secs(1), client.get_data(&holder)).await;
-                if let Ok(Ok((current, stat))) = look
-                    && current == data
-                    && let Ok(Ok(())) = tokio::time::timeout(
-                        Duration::from_secs(1),
-                        client.delete(&holder, Some(stat.version)),
-                    )
-                    .await
-                {
-                    tracing::info!(node = %holder, "removed the holder node of an acquire that had timed out");
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            // The marker of a lease nobody got (its multi committed or not):
-            // requests of one session run in order, so this runs after it.
-            let _ = tokio::time::timeout(Duration::from_secs(1), client.delete(&marker, None)).await;
-        });
-    }
-
-    /// Deletes `owner`'s marker of `key` in the background, once its lease
-    /// is gone (lost, released, or taken over): a marker only serves the
-    /// one-multi path of a lease still held.
-    pub(crate) fn drop_marker_in_background(&self, key: &LeaseKey, owner: OwnerId) {
-        let marker = self.paths(key).marker(owner);
-        let this = self.clone();
-        self.inner.cleanups.spawn(async move {
-            if let Ok(client) = this.client().await {
-                let _ = this.bounded("delete", client.delete(&marker, None)).await;
-            }
-        });
-    }
-
-    /// The holder node's data and stat and the key node's version (the epoch),
-    /// read atomically; `None` when either node is gone.
+    /// The holder node, its stat and the epoch, read in one consistent
+    /// snapshot with the key node's children, from which the holder's owner
+    /// is kept only when its marker was there too (see [`Judged::owner`]);
+    /// `None` when the key or holder node is gone.
     pub(crate) async fn read_holder_and_epoch(
         &self,
         client: &Client,
         paths: &Paths,
-    ) -> Result<Option<(Vec<u8>, zookeeper_client::Stat, i32)>> {
+    ) -> Result<Option<HolderRead>> {
         let mut r = client.new_multi_reader();
         if let Err(e) = r
             .add_get_data(&paths.key)
             .and_then(|()| r.add_get_data(&paths.holder))
+            .and_then(|()| r.add_get_children(&paths.key))
         {
             return Err(self.map_err(e));
         }
@@ -655,19 +639,33 @@ impl ZkProvider {
             .await?
             .map_err(|e| self.map_err(e))?;
         let mut results = results.into_iter();
-        match (results.next(), results.next()) {
+        match (results.next(), results.next(), results.next()) {
             (
                 Some(MultiReadResult::Data { stat: key, .. }),
                 Some(MultiReadResult::Data { data, stat }),
-            ) => Ok(Some((data, stat, key.version))),
-            (Some(MultiReadResult::Error { err }), _)
-            | (_, Some(MultiReadResult::Error { err }))
+                Some(MultiReadResult::Children { children }),
+            ) => {
+                let owner = parse_holder(&data).map(|(o, _, _)| o).filter(|o| {
+                    let name = Paths::marker_name(*o);
+                    children.contains(&name)
+                });
+                Ok(Some(HolderRead {
+                    data,
+                    stat,
+                    epoch: key.version,
+                    owner,
+                }))
+            }
+            (Some(MultiReadResult::Error { err }), _, _)
+            | (_, Some(MultiReadResult::Error { err }), _)
+            | (_, _, Some(MultiReadResult::Error { err }))
                 if matches!(err, ZkError::NoNode) =>
             {
                 Ok(None)
             }
-            (Some(MultiReadResult::Error { err }), _)
-            | (_, Some(MultiReadResult::Error { err })) => Err(self.map_err(err)),
+            (Some(MultiReadResult::Error { err }), _, _)
+            | (_, Some(MultiReadResult::Error { err }), _)
+            | (_, _, Some(MultiReadResult::Error { err })) => Err(self.map_err(err)),
             other => Err(LeaseError::protocol(format!(
                 "unexpected multi-read answer from ZooKeeper: {other:?}"
             ))),
