@@ -169,6 +169,13 @@ pub use crate::queue::{MAX_TICKET_TTL, Place, Ticket, WaitQueue};
 pub mod queue_rules {
     pub use crate::queue_rules::*;
 }
+
+/// The rules of a read/write lease, as pure functions (what the in-memory
+/// provider runs, the other backends' scripts state, and the `lease-model`
+/// checker explores).
+pub mod rw_rules {
+    pub use crate::rw_rules::*;
+}
 pub use crate::session_config::Timing as SessionTiming;
 pub use crate::session_store::SessionStore;
 pub use crate::sql_names::validate_sql_identifier;

@@ -157,6 +157,7 @@ mod queue_rules;
 mod record;
 mod run;
 mod rw;
+mod rw_rules;
 mod rw_wait;
 mod semaphore;
 mod session;

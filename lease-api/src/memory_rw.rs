@@ -10,6 +10,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::lease::{LeaseKind, OwnerId};
+use crate::rw_rules;
 use crate::{FencingToken, Lease, LeaseError, LeaseInfo, LeaseKey, Result, RwInfo, TryAcquire};
 
 struct RwHolder {
@@ -93,14 +94,12 @@ impl RwEntry {
         next_token: impl FnOnce() -> u64,
     ) -> TryAcquire {
         self.prune(now);
-        if let Some(w) = &self.writer {
+        if let Some(until) = rw_rules::read_refused_until(
+            self.writer.as_ref().map(|w| w.expires_at),
+            self.waiting.values().copied(),
+        ) {
             return TryAcquire::Held {
-                remaining: Some(w.expires_at - now),
-            };
-        }
-        if let Some(until) = self.waiting.values().min() {
-            return TryAcquire::Held {
-                remaining: Some(*until - now),
+                remaining: Some(until - now),
             };
         }
         let owner = OwnerId::random();
@@ -133,12 +132,12 @@ impl RwEntry {
         next_token: impl FnOnce() -> u64,
     ) -> TryAcquire {
         self.prune(now);
-        let last = self
-            .writer
-            .iter()
-            .chain(self.readers.values())
-            .map(|h| h.expires_at)
-            .max();
+        let last = rw_rules::write_refused_until(
+            self.writer
+                .iter()
+                .chain(self.readers.values())
+                .map(|h| h.expires_at),
+        );
         if let Some(last) = last {
             if let Some(id) = waiting {
                 self.waiting.insert(id, now + ttl);
