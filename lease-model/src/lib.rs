@@ -42,6 +42,18 @@ pub mod redlock;
 pub mod session;
 pub mod zk_epoch;
 
+/// A lease's local validity in ms after its request was sent, for a TTL of
+/// `ttl_ms`: what [`Lease::new`](lease_api::Lease::new) gives it.
+pub fn local_validity_ms(ttl_ms: u64) -> u32 {
+    let sent = tokio::time::Instant::now();
+    lease_api::LeaseKey::new("model").map_or(0, |key| {
+        let ttl = std::time::Duration::from_millis(ttl_ms);
+        let owner = lease_api::backend::OwnerId::random();
+        let lease = lease_api::Lease::new(key, lease_api::FencingToken(0), owner, ttl, sent);
+        u32::try_from((lease.valid_until() - sent).as_millis()).unwrap_or(0)
+    })
+}
+
 /// What one exhaustive run found.
 #[derive(Debug)]
 pub struct Report {

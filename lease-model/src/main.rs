@@ -1,8 +1,8 @@
 //! `lease-model`: runs every model at its short bound (what CI runs through
 //! the tests) or, with `--deep`, at its deep bound, and prints a table of
 //! states explored, depth and verdict, broken variants included (each must
-//! be caught). Exits 1 when a design breaks a property or a broken variant
-//! is not caught.
+//! be caught). Exits 1 when a design breaks a property or is not explored
+//! exhaustively, or a broken variant is not caught.
 
 use std::time::Instant;
 
@@ -54,77 +54,111 @@ fn names(r: &Report) -> String {
     v.join("; ")
 }
 
+/// The bounds of one run.
+struct Bounds {
+    queue_ticks: u8,
+    redlock_rounds: u8,
+    token_rounds: usize,
+    session_ticks: u8,
+    zk_acquires: u8,
+    rw_clients: u8,
+}
+
 fn main() {
     let deep = std::env::args().any(|a| a == "--deep");
-    let (waiters, rl_attempts, tokens_depth, session_ticks, zk_attempts, rw_clients) = if deep {
-        (3, 2, 9, 10, 3, 3)
+    let b = if deep {
+        Bounds {
+            queue_ticks: 6,
+            redlock_rounds: 2,
+            token_rounds: 9,
+            session_ticks: 10,
+            zk_acquires: 3,
+            rw_clients: 4,
+        }
     } else {
-        (2, 1, 7, 8, 2, 2)
+        Bounds {
+            queue_ticks: 4,
+            redlock_rounds: 1,
+            token_rounds: 7,
+            session_ticks: 8,
+            zk_acquires: 2,
+            rw_clients: 2,
+        }
     };
     println!(
         "{} bounds\n\n| model | distinct states | depth | s | verdict |\n|---|---:|---:|---:|---|",
         if deep { "Deep" } else { "Short" }
     );
     let mut ok = true;
+    let queue = FairQueue {
+        horizon: b.queue_ticks,
+        ..FairQueue::new(2, QueueDesign::Marked)
+    };
     ok &= row(
-        &format!("fair queue, {waiters} waiters"),
+        &format!("fair queue, 2 waiters, {} ticks", b.queue_ticks),
         Kind::Design,
-        || check(FairQueue::new(waiters, QueueDesign::Marked), BOUND),
+        || check(queue, BOUND),
     );
-    ok &= row("fair queue: tickets by number alone", Kind::Broken, || {
-        refute(FairQueue::new(2, QueueDesign::NumberOnly), BOUND)
-    });
-    ok &= row("fair queue: no expiry before a look", Kind::Broken, || {
-        refute(FairQueue::new(2, QueueDesign::NoExpiryBeforeLook), BOUND)
-    });
+    for (name, design) in [
+        (
+            "fair queue: tickets by number alone",
+            QueueDesign::NumberOnly,
+        ),
+        (
+            "fair queue: no expiry before a look",
+            QueueDesign::NoExpiryBeforeLook,
+        ),
+    ] {
+        ok &= row(name, Kind::Broken, || {
+            refute(FairQueue::new(2, design), BOUND)
+        });
+    }
     let tokens = |design, volatile| RedlockTokens {
         nodes: 3,
         volatile,
         design,
     };
     ok &= row(
-        &format!("Redlock tokens, 3 nodes, {tokens_depth} rounds"),
+        &format!("Redlock tokens, 3 nodes, {} rounds", b.token_rounds),
         Kind::DesignToDepth,
-        || check(tokens(RedlockDesign::Current, false), tokens_depth),
+        || check(tokens(RedlockDesign::Current, false), b.token_rounds),
     );
     ok &= row("Redlock tokens: no raise round", Kind::Broken, || {
-        refute(tokens(RedlockDesign::NeverRaise, false), tokens_depth)
+        refute(tokens(RedlockDesign::NeverRaise, false), b.token_rounds)
     });
     ok &= row(
         "Redlock tokens: volatile nodes (declared)",
         Kind::Broken,
-        || refute(tokens(RedlockDesign::Current, true), tokens_depth),
+        || refute(tokens(RedlockDesign::Current, true), b.token_rounds),
     );
+    let holders = |rounds, design, volatile| RedlockHolders::new(3, 2, rounds, design, volatile);
     ok &= row(
-        &format!("Redlock holders, 3 nodes, 2 clients x {rl_attempts}"),
+        &format!("Redlock holders, 3 nodes, 2 clients x {}", b.redlock_rounds),
         Kind::Design,
         || {
             check(
-                RedlockHolders::new(3, 2, rl_attempts, RedlockDesign::Current, false),
+                holders(b.redlock_rounds, RedlockDesign::Current, false),
                 BOUND,
             )
         },
     );
     ok &= row("Redlock holders: half the nodes", Kind::Broken, || {
-        refute(
-            RedlockHolders::new(3, 2, 1, RedlockDesign::HalfIsEnough, false),
-            BOUND,
-        )
+        refute(holders(1, RedlockDesign::HalfIsEnough, false), BOUND)
     });
     ok &= row(
         "Redlock holders: volatile nodes (declared)",
         Kind::Broken,
+        || refute(holders(1, RedlockDesign::Current, true), BOUND),
+    );
+    ok &= row(
+        &format!("session, {} ticks", b.session_ticks),
+        Kind::Design,
         || {
-            refute(
-                RedlockHolders::new(3, 2, 1, RedlockDesign::Current, true),
+            check(
+                Session::until(SessionDesign::Current, b.session_ticks),
                 BOUND,
             )
         },
-    );
-    ok &= row(
-        &format!("session, {session_ticks} ticks"),
-        Kind::Design,
-        || check(Session::until(SessionDesign::Current, session_ticks), BOUND),
     );
     for (name, design) in [
         (
@@ -140,9 +174,9 @@ fn main() {
         ok &= row(name, Kind::Broken, || refute(Session::new(design), BOUND));
     }
     ok &= row(
-        &format!("ZooKeeper, 2 clients x {zk_attempts}"),
+        &format!("ZooKeeper, 2 clients x {}", b.zk_acquires),
         Kind::Design,
-        || check(ZkLease::new(2, zk_attempts, ZkDesign::Current), BOUND),
+        || check(ZkLease::new(2, b.zk_acquires, ZkDesign::Current), BOUND),
     );
     for (name, design) in [
         (
@@ -157,15 +191,19 @@ fn main() {
             "ZooKeeper: takeover without the judged marker",
             ZkDesign::NoJudgedMarkerCheck,
         ),
+        (
+            "ZooKeeper: clean-up without the epoch",
+            ZkDesign::CleanupWithoutEpoch,
+        ),
     ] {
         ok &= row(name, Kind::Broken, || {
             refute(ZkLease::new(2, 2, design), BOUND)
         });
     }
     ok &= row(
-        &format!("read/write, {rw_clients} clients"),
+        &format!("read/write, {} clients", b.rw_clients),
         Kind::Design,
-        || check(ReadWrite::new(rw_clients, RwDesign::Current), BOUND),
+        || check(ReadWrite::new(b.rw_clients, RwDesign::Current), BOUND),
     );
     for (name, design) in [
         (

@@ -6,7 +6,7 @@
 //! Both decide with the provider's code: the majority is
 //! `lease_redis::protocol::quorum`, a won round's token and whether to raise
 //! is `lease_redis::protocol::token_step`, and a round is won in time by the
-//! local validity of [`Lease::new`]. A node's scripts are stated here as the
+//! local validity of [`Lease::new`](lease_api::Lease::new). A node's scripts are stated here as the
 //! crate's Lua does them: ACQUIRE takes a free or expired key (unless the
 //! round's cancel left a tombstone there) and increments the node's
 //! counter; RAISE sets the counter to at least the token where the owner
@@ -23,10 +23,6 @@
 //! Volatile nodes (a wipe loses the counter and the key) break both, as the
 //! provider declares (`TokenDurability::Volatile`).
 
-use std::time::Duration;
-
-use lease_api::backend::OwnerId;
-use lease_api::{FencingToken, Lease, LeaseKey};
 use lease_redis::protocol::{TokenStep, quorum, token_step};
 use stateright::{Model, Property};
 
@@ -221,7 +217,7 @@ pub struct RedlockHolders {
     /// The rounds' decisions.
     pub design: RedlockDesign,
     /// A lease's local validity in ms after its request was sent, from
-    /// [`Lease::new`].
+    /// [`Lease::new`](lease_api::Lease::new).
     validity_ms: u32,
 }
 
@@ -237,12 +233,7 @@ impl RedlockHolders {
         design: RedlockDesign,
         volatile: bool,
     ) -> Self {
-        let sent = tokio::time::Instant::now();
-        let validity_ms = LeaseKey::new("model").map_or(0, |key| {
-            let ttl = Duration::from_millis(100 * u64::from(TTL_TICKS));
-            let lease = Lease::new(key, FencingToken(0), OwnerId::random(), ttl, sent);
-            u32::try_from((lease.valid_until() - sent).as_millis()).unwrap_or(0)
-        });
+        let validity_ms = crate::local_validity_ms(100 * u64::from(TTL_TICKS));
         RedlockHolders {
             nodes,
             clients,

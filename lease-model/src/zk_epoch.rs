@@ -10,16 +10,12 @@
 //!
 //! Properties:
 //! - at most one client believes it holds the lease at any instant (from
-//!   its acquire or extend until the local validity of [`Lease::new`]),
+//!   its acquire or extend until the local validity of [`Lease::new`](lease_api::Lease::new)),
 //!   but for a holder whose lease a purge deleted, until its next extend
 //!   tells it (as for a key deleted behind its back);
 //! - an extend renews only its own owner's holder node.
 
-use std::time::Duration;
-
-use lease_api::backend::OwnerId;
-use lease_api::{FencingToken, Lease, LeaseKey};
-use lease_zk::protocol::{Judged, Step, claim, extend, release};
+use lease_zk::protocol::{Judged, Step, claim, extend, forget, release};
 use stateright::{Model, Property};
 
 /// Which steps the multis carry.
@@ -35,6 +31,10 @@ pub enum ZkDesign {
     /// Broken: the design before the model found the purge case: a
     /// takeover checks the epoch but not the judged owner's marker.
     NoJudgedMarkerCheck,
+    /// Broken: the clean-up of an expired holder of ours deletes it at the
+    /// version it read without checking the epoch (a review found this in
+    /// a draft of the purge fix).
+    CleanupWithoutEpoch,
 }
 
 /// The model: `clients` clients of `attempts` acquires each, a TTL of 3
@@ -57,12 +57,7 @@ const TTL_TICKS: u8 = 3;
 impl ZkLease {
     /// `clients` clients of `attempts` acquires each, 5 ticks.
     pub fn new(clients: u8, attempts: u8, design: ZkDesign) -> Self {
-        let sent = tokio::time::Instant::now();
-        let validity_ms = LeaseKey::new("model").map_or(0, |key| {
-            let ttl = Duration::from_millis(100 * u64::from(TTL_TICKS));
-            let lease = Lease::new(key, FencingToken(0), OwnerId::random(), ttl, sent);
-            u32::try_from((lease.valid_until() - sent).as_millis()).unwrap_or(0)
-        });
+        let validity_ms = crate::local_validity_ms(100 * u64::from(TTL_TICKS));
         ZkLease {
             clients,
             attempts,
@@ -76,9 +71,9 @@ impl ZkLease {
         match self.design {
             ZkDesign::NoMarkerCheck => steps.retain(|s| *s != Step::CheckMarker),
             ZkDesign::NoEpochCheckOnTakeover if take_over => {
-                steps.retain(|s| !matches!(s, Step::CheckEpoch(_) | Step::CheckJudgedMarker));
+                steps.retain(|s| !matches!(s, Step::CheckEpoch(_) | Step::DeleteJudgedMarker));
             }
-            ZkDesign::NoJudgedMarkerCheck => steps.retain(|s| *s != Step::CheckJudgedMarker),
+            ZkDesign::NoJudgedMarkerCheck => steps.retain(|s| *s != Step::DeleteJudgedMarker),
             _ => {}
         }
         steps
@@ -98,6 +93,10 @@ impl ZkLease {
 
 /// An owner: client and acquire.
 type Owner = (u8, u8);
+
+/// A clean-up read: the lost lease's acquire, and its own expired holder
+/// node's epoch and version (`None`: the marker goes alone).
+type CleanupPlan = (u8, Option<(i32, i32)>);
 
 /// The holder node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -156,8 +155,18 @@ pub struct State {
     purged_under: Vec<bool>,
     renewed_anothers: bool,
     taken_over: bool,
+    /// Per client: the clean-up's read of its lost lease's nodes, for that
+    /// lease's acquire (round): `None` not read; `(round, None)` the holder
+    /// is gone or another's (the marker goes alone); `(round, Some((epoch,
+    /// version)))` its own holder, expired (both go, at that epoch).
+    cleanup: Vec<Option<CleanupPlan>>,
     purged_then_held: bool,
-    purged: bool,
+    /// How far the purge got: 0 not started, 1 listed the key's children,
+    /// 2 deleted the holder node, 3 the markers, 4 the key node (or found
+    /// it had gained children).
+    purge: u8,
+    /// What the purge listed: whether a holder node, and which markers.
+    purge_list: (bool, Vec<Owner>),
 }
 
 /// A step.
@@ -177,11 +186,16 @@ pub enum Action {
     ExtendChecked(u8),
     /// Client's release.
     Release(u8),
-    /// Client, no longer holding (lost, or its validity over), drops its
-    /// marker in the background, with its holder node if that is still
-    /// there and expired (one multi, as the provider does), or neither.
-    DropMarker(u8),
-    /// An operator purges the namespace: holder, markers and key node.
+    /// Client, no longer holding (lost, or its validity over), reads its
+    /// lease's nodes for the clean-up: its own holder node, live (nothing
+    /// to do), expired (both go), or gone or another's (the marker goes).
+    CleanupRead(u8),
+    /// The clean-up's multi (`forget`, or the marker alone).
+    Cleanup(u8),
+    /// An operator purges the namespace, one step at a time as the provider
+    /// does: it lists the key node's children, deletes the holder node (any
+    /// version), then the markers it listed, then the key node (which fails
+    /// if it gained children meanwhile).
     Purge,
     /// A tick.
     Tick,
@@ -200,7 +214,11 @@ fn run(
         match *step {
             Step::CheckEpoch(e) => (t.key == Some(e)).then_some(())?,
             Step::CheckMarker => t.markers.contains(&owner).then_some(())?,
-            Step::CheckJudgedMarker => t.markers.contains(&judged?).then_some(())?,
+            Step::DeleteJudgedMarker => {
+                let judged = judged?;
+                let i = t.markers.iter().position(|o| *o == judged)?;
+                t.markers.remove(i);
+            }
             Step::DeleteHolder(v) => {
                 let h = t.holder?;
                 v.is_none_or(|v| v == h.version).then_some(())?;
@@ -276,8 +294,10 @@ impl Model for ZkLease {
             purged_under: vec![false; k],
             renewed_anothers: false,
             taken_over: false,
+            cleanup: vec![None; k],
             purged_then_held: false,
-            purged: false,
+            purge: 0,
+            purge_list: (false, Vec::new()),
         }]
     }
 
@@ -307,11 +327,14 @@ impl Model for ZkLease {
         }
         for c in 0..self.clients {
             let ci = usize::from(c);
-            if matches!(s.clients[ci], Client::Idle) && s.tree.markers.contains(&(c, s.round[ci])) {
-                actions.push(Action::DropMarker(c));
+            let idle = matches!(s.clients[ci], Client::Idle);
+            if s.cleanup[ci].is_some() {
+                actions.push(Action::Cleanup(c));
+            } else if idle && s.tree.markers.contains(&(c, s.round[ci])) {
+                actions.push(Action::CleanupRead(c));
             }
         }
-        if !s.purged {
+        if s.purge < 4 {
             actions.push(Action::Purge);
         }
         if s.now < self.horizon {
@@ -348,7 +371,7 @@ impl Model for ZkLease {
                 let steps = self.steps(claim(judged), judged.is_some());
                 s.clients[ci] = if self.multi(&mut s, ci, &steps, judged_owner) {
                     s.taken_over |= judged.is_some();
-                    s.purged_then_held |= s.purged;
+                    s.purged_then_held |= s.purge == 4 && s.tree.key.is_some();
                     Client::Holding {
                         epoch: s.tree.key.unwrap_or(0),
                         sent: now,
@@ -408,29 +431,57 @@ impl Model for ZkLease {
                 self.multi(&mut s, ci, &steps, None);
                 s.clients[ci] = Client::Idle;
             }
-            Action::DropMarker(c) => {
-                let owner = (c, s.round[usize::from(c)]);
-                match s.tree.holder {
-                    // Its own holder node: both go once it expired, or
-                    // neither.
-                    Some(h) if h.owner == owner && !Self::expired(&h, now) => {}
-                    Some(h) if h.owner == owner => {
-                        s.tree.holder = None;
-                        s.tree.markers.retain(|o| *o != owner);
+            Action::CleanupRead(c) => {
+                let ci = usize::from(c);
+                let owner = (c, s.round[ci]);
+                s.cleanup[ci] = match (s.tree.key, s.tree.holder) {
+                    (Some(_), Some(h)) if h.owner == owner && !Self::expired(&h, now) => None,
+                    (Some(epoch), Some(h)) if h.owner == owner => {
+                        Some((owner.1, Some((epoch, h.version))))
                     }
-                    _ => s.tree.markers.retain(|o| *o != owner),
+                    _ => Some((owner.1, None)),
+                };
+            }
+            Action::Cleanup(c) => {
+                let ci = usize::from(c);
+                let (round, read) = s.cleanup[ci].take()?;
+                let mut steps = match read {
+                    Some((epoch, version)) => forget(epoch, version),
+                    None => vec![Step::DeleteMarker],
+                };
+                if self.design == ZkDesign::CleanupWithoutEpoch {
+                    steps.retain(|s| !matches!(s, Step::CheckEpoch(_)));
+                }
+                let owner = (c, round);
+                if let Some((tree, _)) = run(&s.tree, &steps, (owner, None), now) {
+                    s.tree = tree;
                 }
             }
             Action::Purge => {
-                for c in 0..s.clients.len() {
-                    s.purged_under[c] = matches!(s.clients[c], Client::Holding { .. });
+                match s.purge {
+                    0 => s.purge_list = (s.tree.holder.is_some(), s.tree.markers.clone()),
+                    1 if s.purge_list.0 => {
+                        if let Some(h) = s.tree.holder.take() {
+                            let (c, round) = h.owner;
+                            let ci = usize::from(c);
+                            if s.round[ci] == round {
+                                s.purged_under[ci] =
+                                    matches!(s.clients[ci], Client::Holding { .. });
+                            }
+                        }
+                    }
+                    1 => {}
+                    2 => {
+                        let listed = std::mem::take(&mut s.purge_list.1);
+                        s.tree.markers.retain(|o| !listed.contains(o));
+                    }
+                    _ => {
+                        if s.tree.holder.is_none() && s.tree.markers.is_empty() {
+                            s.tree.key = None;
+                        }
+                    }
                 }
-                s.tree = Tree {
-                    key: None,
-                    holder: None,
-                    markers: Vec::new(),
-                };
-                s.purged = true;
+                s.purge += 1;
             }
             Action::Tick => {
                 s.now += 1;

@@ -190,3 +190,10 @@ fn a_writer_that_ignores_readers_writes_beside_them() {
     println!("{r}");
     assert!(r.broke("no reader beside a writer, no two writers"), "{r}");
 }
+
+#[test]
+fn a_zookeeper_clean_up_without_the_epoch_deletes_the_holder_that_took_over() {
+    let r = refute(ZkLease::new(2, 2, ZkDesign::CleanupWithoutEpoch), BOUND);
+    println!("{r}");
+    assert!(r.broke("at most one holder at a time"), "{r}");
+}

@@ -154,7 +154,7 @@ mod watch;
 /// checker, which runs the same steps on its own tree. Not a stable API.
 #[doc(hidden)]
 pub mod protocol {
-    pub use crate::plan::{Judged, Step, claim, extend, release};
+    pub use crate::plan::{Judged, Step, claim, extend, forget, release};
 }
 
 pub use config::ZkConfig;

@@ -159,9 +159,9 @@ impl ZkProvider {
                 // The multi may still commit: clean up every key of it, on
                 // the same session, after it.
                 for ((p, owner), d) in paths.iter().zip(owners).zip(data) {
-                    self.remove_if_ours_in_background(
+                    self.remove_holder_if_ours_in_background(
                         client.clone(),
-                        (p.holder.clone(), p.marker(*owner)),
+                        (p.clone(), *owner),
                         d.clone(),
                     );
                 }

@@ -14,10 +14,11 @@ pub enum Step {
     CheckEpoch(i32),
     /// The owner's marker still exists, unchanged.
     CheckMarker,
-    /// The marker of the holder judged expired still exists: the holder
-    /// node about to be deleted is still that owner's, not one made after a
-    /// purge that restarted epochs and holder versions.
-    CheckJudgedMarker,
+    /// Delete the marker of the holder judged expired (at version 0): it
+    /// must still exist, so the holder node about to be deleted is still
+    /// that owner's, not one made after a purge that restarted epochs and
+    /// holder versions; and no marker outlives the holder taken over.
+    DeleteJudgedMarker,
     /// Delete the holder node (at this version, if given).
     DeleteHolder(Option<i32>),
     /// Create the holder node (the acting owner's).
@@ -48,17 +49,17 @@ pub struct Judged {
 /// epoch bumped. A takeover of a holder judged expired first checks the
 /// epoch (concurrent takeovers are exclusive: a fresh holder node starts at
 /// version 0 again, so the holder version alone would let a second
-/// contender delete the first one's node) and the judged owner's marker (a
-/// purge deletes the key node, so epochs and versions start again: without
-/// it, a takeover judged before a purge could delete a holder made after
-/// it, at the same epoch and version), then deletes that holder at the
-/// version it was judged at.
+/// contender delete the first one's node) and deletes the judged owner's
+/// marker (a purge deletes the key node, so epochs and versions start
+/// again: without it, a takeover judged before a purge could delete a
+/// holder made after it, at the same epoch and version), then deletes that
+/// holder at the version it was judged at.
 pub fn claim(take_over: Option<Judged>) -> Vec<Step> {
     let mut steps = Vec::with_capacity(6);
     if let Some(j) = take_over {
         steps.push(Step::CheckEpoch(j.epoch));
         if j.owner_known {
-            steps.push(Step::CheckJudgedMarker);
+            steps.push(Step::DeleteJudgedMarker);
         }
         steps.push(Step::DeleteHolder(Some(j.holder_version)));
     }
@@ -94,6 +95,18 @@ pub fn release(epoch: i32, holder_version: Option<i32>) -> Vec<Step> {
     }
 }
 
+/// The clean-up of an owner's expired holder node, read at `epoch` and
+/// `holder_version`, with its marker: the epoch check makes it fail once
+/// anyone acquired since (a holder node made by a takeover starts at
+/// version 0 again, so the version alone could match it).
+pub fn forget(epoch: i32, holder_version: i32) -> Vec<Step> {
+    vec![
+        Step::CheckEpoch(epoch),
+        Step::DeleteHolder(Some(holder_version)),
+        Step::DeleteMarker,
+    ]
+}
+
 /// Where a multi's steps act: the key node, the holder node, the acting
 /// owner's marker, the holder node's data, and how nodes are created.
 pub(crate) struct Target<'a> {
@@ -116,8 +129,8 @@ pub(crate) fn write(
         match *step {
             Step::CheckEpoch(epoch) => w.add_check_version(t.key, epoch)?,
             Step::CheckMarker => w.add_check_version(t.marker, 0)?,
-            Step::CheckJudgedMarker => match t.judged_marker {
-                Some(marker) => w.add_check_version(marker, 0)?,
+            Step::DeleteJudgedMarker => match t.judged_marker {
+                Some(marker) => w.add_delete(marker, Some(0))?,
                 None => {
                     return Err(zookeeper_client::Error::BadArguments(
                         &"a takeover's judged marker without its path",

@@ -111,6 +111,7 @@ impl Judged {
 }
 
 /// The paths of one lease.
+#[derive(Clone)]
 pub(crate) struct Paths {
     /// Persistent; its version is the acquisition epoch.
     pub(crate) key: String,
@@ -463,10 +464,14 @@ impl ZkProvider {
                 .await?
             {
                 Ok(mut children) => {
-                    // Deleted in reverse: a key's markers go before its
-                    // holder node, so no old holder's one-multi extend or
-                    // release still passes once a new holder can exist.
-                    children.sort_by_key(|c| c != "holder");
+                    // Deleted in reverse: a key's holder node goes before
+                    // its markers, so no holder is ever without its marker
+                    // (a takeover judged meanwhile deletes the marker, and
+                    // fails once the purge took it). An old holder's
+                    // one-multi extend or release fails on the missing
+                    // holder node, or on the epoch a new acquire bumped,
+                    // or, once the key node was made again, on its marker.
+                    children.sort_by_key(|c| c == "holder");
                     let parent = nodes[i].clone();
                     nodes.extend(children.into_iter().map(|c| format!("{parent}/{c}")));
                 }
@@ -595,9 +600,9 @@ impl ZkProvider {
             Err(e) => {
                 // The multi may still commit: requests of one session run in
                 // order, so an owner-guarded delete sent now runs after it.
-                self.remove_if_ours_in_background(
+                self.remove_holder_if_ours_in_background(
                     client.clone(),
-                    (paths.holder.clone(), paths.marker(owner)),
+                    (paths.clone(), owner),
                     data.to_vec(),
                 );
                 return Err(e);

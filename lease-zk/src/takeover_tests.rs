@@ -1,7 +1,8 @@
 //! The takeover multi on a real server, pinned to what the model checker
 //! (`lease-model`'s ZooKeeper model) found: a takeover judged before a
 //! purge must not delete the holder made after it, though the purge
-//! restarted the epoch and the holder version at the values judged.
+//! restarted the epoch and the holder version at the values judged (the
+//! takeover deletes the judged owner's marker, which the purge took).
 
 use std::time::{Duration, Instant};
 
