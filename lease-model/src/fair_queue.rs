@@ -8,9 +8,10 @@
 //! (a Redis restart without persistence, a failover to a lagging replica),
 //! so that numbers are given again. The store's steps run
 //! [`lease_api::backend::queue_rules`], which the in-memory provider runs too;
-//! Redis's scripts and PostgreSQL's statements state the same rules, and the
-//! conformance suite's fair-queue cases (a ticket whose number was given
-//! again is gone; a retried join finds its ticket) pin each store to them.
+//! Redis's scripts and PostgreSQL's statements state the same rules, and
+//! each store's `a_ticket_number_given_again_after_the_queue_was_lost_is_not_the_old_ticket`
+//! test (`redis_specific`, `postgres_specific`) and the conformance suite's
+//! fair-waiting cases pin the real store to them.
 //!
 //! Properties, in every reachable state:
 //! - no waiter's step finds, refreshes, or removes a ticket another

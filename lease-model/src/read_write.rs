@@ -7,8 +7,8 @@
 //! or give up; time passes on the store's clock. The store decides with
 //! [`lease_api::backend::rw_rules`], which the in-memory provider runs;
 //! the other backends' scripts and statements state the same rules, and the
-//! conformance suite's C19 cases (12 tasks reading and writing one key
-//! never overlap; a waiting writer keeps new readers out) pin each to them.
+//! conformance suite's C19 cases (`rw_concurrent_readers_and_writers_never_overlap`,
+//! `rw_waiting_writer_keeps_new_readers_out`) pin each to them.
 //!
 //! Properties:
 //! - no reader holds the key while a writer does, and no two writers do;

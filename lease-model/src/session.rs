@@ -11,7 +11,10 @@
 //! fire time). The store's renewal is stated as every backend's statement
 //! does it: a lease the store still holds unexpired gets a new expiry of
 //! now + TTL on the store's clock; otherwise the answer is "not held". The
-//! conformance suite's session cases run each backend's real renewal.
+//! conformance suite's session cases run each backend's real renewal
+//! (`session_key_lost_alone`: a key deleted behind the session's back fires
+//! alone; `session_outage_fires_every_lease_by_validity`: a store that stops
+//! answering fires every lease by its validity).
 //!
 //! Properties:
 //! - a lease the client believes valid (its lost signal not fired) is held
