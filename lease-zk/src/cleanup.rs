@@ -100,14 +100,26 @@ impl ZkProvider {
     /// there goes in the same multi once expired (at the epoch it was read
     /// at, so not once anyone acquired since), or the marker stays: a
     /// holder node is never left without its marker, which a takeover
-    /// deletes (see `plan::claim`).
-    pub(crate) fn drop_marker_in_background(&self, key: &LeaseKey, owner: OwnerId) {
+    /// deletes (see `plan::claim`). `holder_deleted`: the caller itself
+    /// just deleted this owner's holder node (a checked release), so the
+    /// marker goes without reading the holder first.
+    pub(crate) fn drop_marker_in_background(
+        &self,
+        key: &LeaseKey,
+        owner: OwnerId,
+        holder_deleted: bool,
+    ) {
         let paths = self.paths(key);
         let this = self.clone();
         self.inner.cleanups.spawn(async move {
             let Ok(client) = this.client().await else {
                 return;
             };
+            if holder_deleted {
+                this.run_steps(&client, &paths, owner, &[Step::DeleteMarker])
+                    .await;
+                return;
+            }
             let steps = match this.read_holder_and_epoch(&client, &paths).await {
                 Ok(Some(read)) => match parse_holder(&read.data) {
                     Some((o, ttl, _)) if o == owner => {

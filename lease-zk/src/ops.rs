@@ -159,7 +159,7 @@ impl ZkProvider {
                 // The one-multi release took the marker with it; a checked
                 // release leaves it to remove.
                 if holder_version.is_some() {
-                    self.drop_marker_in_background(lease.key(), lease.owner());
+                    self.drop_marker_in_background(lease.key(), lease.owner(), true);
                 }
                 if expired { Err(not_held()) } else { Ok(()) }
             }
@@ -304,7 +304,7 @@ impl LeaseProvider for ZkProvider {
                 // Only a lease we issued: a lease rebuilt with our owner id
                 // and another token must not remove the holder's marker.
                 if self.inner.issued.forget(lease) {
-                    self.drop_marker_in_background(lease.key(), lease.owner());
+                    self.drop_marker_in_background(lease.key(), lease.owner(), false);
                 }
             }
             Err(_) => {}
@@ -325,7 +325,7 @@ impl LeaseProvider for ZkProvider {
                 // Ours, taken over or purged: its marker may be left. (Only
                 // a lease we issued: one rebuilt with our owner id and another
                 // token must not remove the holder's marker.)
-                self.drop_marker_in_background(lease.key(), lease.owner());
+                self.drop_marker_in_background(lease.key(), lease.owner(), false);
             }
         }
         released
