@@ -27,9 +27,14 @@ enum Cmd {
         /// Where RELIABILITY.md and the plots go.
         #[arg(long, default_value = "docs")]
         out: PathBuf,
-        /// A line on how the matrix was run (stores, versions, machine).
+        /// A line on how the matrix was run (workers, TTL, faults; each
+        /// cell's report names its own run: date, machine, versions).
         #[arg(long, default_value = "")]
         setup: String,
+        /// Cells of the matrix with no report in `--dir` yet, comma-separated
+        /// (a matrix split over several runs).
+        #[arg(long, value_delimiter = ',')]
+        pending: Vec<String>,
     },
     /// Internal: one worker process.
     #[command(hide = true)]
@@ -62,7 +67,12 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        Cmd::Report { dir, out, setup } => match write_report(&dir, &out, &setup) {
+        Cmd::Report {
+            dir,
+            out,
+            setup,
+            pending,
+        } => match write_report(&dir, &out, &setup, &pending) {
             Ok(failed) => {
                 if failed > 0 {
                     eprintln!("lease-chaos: {failed} cells violated their declarations");
@@ -83,6 +93,7 @@ fn write_report(
     dir: &std::path::Path,
     out: &std::path::Path,
     setup: &str,
+    pending: &[String],
 ) -> Result<usize, String> {
     let reports = matrix::load(dir)?;
     if reports.is_empty() {
@@ -117,7 +128,21 @@ fn write_report(
         reports.len()
     ));
     md.push_str(&matrix::table(&reports));
-    md.push_str("\nSeeds are per cell: `lease-chaos run --seed S` with the same options replays the fault schedule (timings still vary).\n\n## Plots\n\n");
+    md.push_str(
+        "\nSeeds are per cell: `lease-chaos run --seed S` with the same options replays the \
+         fault schedule (timings still vary). Each cell names the run it came from:\n\n",
+    );
+    md.push_str(&matrix::runs_legend(&reports));
+    let pending: Vec<&String> = pending.iter().filter(|p| !p.is_empty()).collect();
+    if !pending.is_empty() {
+        let names: Vec<&str> = pending.iter().map(|p| p.as_str()).collect();
+        md.push_str(&format!(
+            "\n**Not run at this size yet** ({} cells): {}.\n",
+            names.len(),
+            names.join(", ")
+        ));
+    }
+    md.push_str("\n## Plots\n\n");
     for (backend, file) in &plots {
         md.push_str(&format!("![{backend}]({file})\n\n"));
     }

@@ -37,20 +37,51 @@ fn pct(v: &[f64], q: f64) -> f64 {
     v[((v.len() - 1) as f64 * q).round() as usize]
 }
 
+/// The runs `reports` came from, oldest first (a run's label starts with
+/// its date); a cell's run is named by its place here (A, B, ...).
+pub fn runs(reports: &[Report]) -> Vec<&str> {
+    let mut runs: Vec<&str> = reports.iter().map(|r| r.run.as_str()).collect();
+    runs.sort_unstable();
+    runs.dedup();
+    runs
+}
+
+/// The name of the `i`-th run: A..Z, then AA, AB, ...
+fn run_name(i: usize) -> String {
+    let letter = |n: usize| char::from(b'A' + (n % 26) as u8);
+    if i < 26 {
+        letter(i).to_string()
+    } else {
+        format!("{}{}", letter(i / 26 - 1), letter(i))
+    }
+}
+
+/// The legend of the table's run column: each run's name and label.
+pub fn runs_legend(reports: &[Report]) -> String {
+    let mut s = String::new();
+    for (i, run) in runs(reports).iter().enumerate() {
+        let label = if run.is_empty() { "not recorded" } else { run };
+        let _ = writeln!(s, "- **Run {}**: {label}", run_name(i));
+    }
+    s
+}
+
 /// The markdown table of `reports`.
 pub fn table(reports: &[Report]) -> String {
+    let runs = runs(reports);
     let mut s = String::from(
         "| backend | faults | sink | grants | s | injected | unsafe windows (ms) | validity overlaps | \
          stale sent | stale admitted | late admitted | token regressions | lost / dup rounds | \
-         availability | recovery p50 / max (ms) | verdict |\n\
-         |---|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+         availability | recovery p50 / max (ms) | seed | run | verdict |\n\
+         |---|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n",
     );
     for r in reports {
+        let run = run_name(runs.iter().position(|x| *x == r.run).unwrap_or(0));
         let c = &r.counts;
         let injected: Vec<String> = r.injected.iter().map(|(k, v)| format!("{k} {v}")).collect();
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {:.0} | {} | {} ({:.0}) | {} | {} | {} | {} | {} | {} / {} | {:.1}% | {:.0} / {:.0}{} | {} |",
+            "| {} | {} | {} | {} | {:.0} | {} | {} ({:.0}) | {} | {} | {} | {} | {} | {} / {} | {:.1}% | {:.0} / {:.0}{} | {} | {run} | {} |",
             r.backend,
             r.cell,
             if r.fenced { "fenced" } else { "**unfenced**" },
@@ -78,6 +109,7 @@ pub fn table(reports: &[Report]) -> String {
             } else {
                 String::new()
             },
+            r.seed,
             if r.passed() && r.declared.is_empty() {
                 "holds".to_string()
             } else if r.passed() {
@@ -198,6 +230,7 @@ mod tests {
             injected: BTreeMap::from([("pause".to_string(), 2)]),
             violations: Vec::new(),
             declared: Vec::new(),
+            run: "2026-12-07: here".into(),
         }
     }
 
@@ -211,10 +244,27 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("**unfenced**"));
-        assert!(t.contains("| 20 / 30 |"), "{t}");
+        assert!(t.contains("| 20 / 30 | 1 | A | holds |"), "{t}");
         let refs: Vec<&Report> = rs.iter().collect();
         let svg = plot("redis", &refs);
         assert_eq!(svg.matches("<rect").count(), 4);
         assert!(svg.contains(">4</text>"));
+    }
+
+    #[test]
+    fn each_cell_names_the_run_it_came_from() {
+        let mut rs = vec![report("redis", "pause", 0), report("etcd", "crash", 0)];
+        rs[1].run = "2026-12-09: there".into();
+        let t = table(&rs);
+        assert!(t.contains("| 1 | A | holds |"), "{t}");
+        assert!(t.contains("| 1 | B | holds |"), "{t}");
+        let legend = runs_legend(&rs);
+        assert_eq!(
+            legend,
+            "- **Run A**: 2026-12-07: here\n- **Run B**: 2026-12-09: there\n"
+        );
+        assert_eq!(run_name(25), "Z");
+        assert_eq!(run_name(26), "AA");
+        assert_eq!(run_name(27), "AB");
     }
 }

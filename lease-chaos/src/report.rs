@@ -43,6 +43,11 @@ pub struct Report {
     /// counters on a store whose tokens are not durable).
     #[serde(default)]
     pub declared: Vec<String>,
+    /// The run this cell came from: the UTC date it ended and, when
+    /// `scripts/chaos` ran it, the machine and the stores' versions. A matrix
+    /// split over several runs keeps each cell's own.
+    #[serde(default)]
+    pub run: String,
 }
 
 impl Report {

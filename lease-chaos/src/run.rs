@@ -98,6 +98,14 @@ pub struct ChaosOptions {
     /// Also write the report as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// A line on the run this cell belongs to (machine, store versions),
+    /// kept in the report after the date the cell ended.
+    #[arg(long, default_value = "")]
+    pub run_note: String,
+    /// The store's topology when it is more than one process (e.g. `etcd3`);
+    /// the report's cell label starts with it.
+    #[arg(long)]
+    pub topology: Option<String>,
 }
 
 /// The command that starts a worker: this executable with its hidden
@@ -473,7 +481,11 @@ async fn run_inner(
         backend: caps.backend.to_string(),
         store: leases::redact(&store),
         cell: format!(
-            "{}{}",
+            "{}{}{}",
+            args.topology
+                .as_ref()
+                .map(|t| format!("{t}: "))
+                .unwrap_or_default(),
             if names.is_empty() {
                 "none".to_string()
             } else {
@@ -501,10 +513,22 @@ async fn run_inner(
         injected,
         violations,
         declared,
+        run: run_label(&args.run_note),
     };
     if let Some(path) = &args.json {
         let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
         std::fs::write(path, json).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     }
     Ok(report)
+}
+
+/// Today's UTC date, then `note` when there is one.
+fn run_label(note: &str) -> String {
+    let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    let date = now.get(..10).unwrap_or(&now);
+    if note.is_empty() {
+        date.to_string()
+    } else {
+        format!("{date}: {note}")
+    }
 }

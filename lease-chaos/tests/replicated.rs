@@ -94,17 +94,25 @@ impl<T: Topology + 'static> Members for Cluster<T> {
 const ALL_FAULTS: &str = "leader-kill,leader-pause,pause,crash,partition";
 
 async fn cell<T: Topology + 'static>(
+    topology: &str,
     start: impl FnOnce() -> T + Send + 'static,
     url: impl FnOnce(&T) -> String,
     faults: &str,
 ) -> Report {
-    cell_for(start, url, faults, "40s").await.0
+    cell_for(topology, start, url, faults, "40s").await.0
 }
 
-/// A cell run for `duration` (it goes on, up to twice as long, until every
-/// fault kind was injected), and how many isolations ended with another
-/// member leading.
+/// A cell on `topology` (its label in the report) run for `duration` (it
+/// goes on, up to twice as long, until every fault kind was injected), and
+/// how many isolations ended with another member leading.
+///
+/// `scripts/chaos` runs these cells at full size through the environment:
+/// `LEASE_CHAOS_ACQUISITIONS` (end the cell after that many grants),
+/// `LEASE_CHAOS_MAX_CELL` (the time bound instead of `duration`),
+/// `LEASE_CHAOS_SEED`, `LEASE_CHAOS_RUN_NOTE`, and `LEASE_CHAOS_JSON_DIR`
+/// (the report goes there as `<topology>.json`).
 async fn cell_for<T: Topology + 'static>(
+    topology: &str,
     start: impl FnOnce() -> T + Send + 'static,
     url: impl FnOnce(&T) -> String,
     faults: &str,
@@ -112,10 +120,12 @@ async fn cell_for<T: Topology + 'static>(
 ) -> (Report, usize) {
     let _one = ONE_AT_A_TIME.lock().await;
     PROMOTED_WHILE_ISOLATED.store(0, std::sync::atomic::Ordering::SeqCst);
-    let topology = tokio::task::spawn_blocking(start).await.unwrap();
-    let store = url(&topology);
+    let members = tokio::task::spawn_blocking(start).await.unwrap();
+    let store = url(&members);
     let dir = TempDir::new("chaos-replicated");
-    let args = Cli::parse_from([
+    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let duration = env("LEASE_CHAOS_MAX_CELL").unwrap_or_else(|| duration.to_owned());
+    let mut argv: Vec<String> = [
         "chaos",
         "--store",
         &store,
@@ -124,18 +134,36 @@ async fn cell_for<T: Topology + 'static>(
         "--fault-every",
         "1s",
         "--duration",
-        duration,
+        &duration,
         "--ttl",
         "2s",
+        "--topology",
+        topology,
         "--dir",
         dir.path().to_str().expect("utf-8 temp dir"),
-    ])
-    .run;
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    for (var, flag) in [
+        ("LEASE_CHAOS_ACQUISITIONS", "--acquisitions"),
+        ("LEASE_CHAOS_SEED", "--seed"),
+        ("LEASE_CHAOS_RUN_NOTE", "--run-note"),
+    ] {
+        if let Some(v) = env(var) {
+            argv.extend([flag.to_owned(), v]);
+        }
+    }
+    if let Some(out) = env("LEASE_CHAOS_JSON_DIR") {
+        let path = std::path::Path::new(&out).join(format!("{topology}.json"));
+        argv.extend(["--json".to_owned(), path.display().to_string()]);
+    }
+    let args = Cli::parse_from(argv).run;
     let worker = vec![
         env!("CARGO_BIN_EXE_lease-chaos").into(),
         "chaos-worker".into(),
     ];
-    let report = run_with_members(args, worker, Box::new(Cluster(topology)))
+    let report = run_with_members(args, worker, Box::new(Cluster(members)))
         .await
         .expect("the run starts");
     println!("{}", report.text());
@@ -192,6 +220,7 @@ async fn patroni_postgres_holds_when_its_primary_is_killed_frozen_or_isolated() 
     // Longer: one isolation holds for Patroni's ttl and more, and the
     // member rejoins (rewound) before the next fault.
     let (r, promoted) = cell_for(
+        "patroni2",
         || PatroniCluster::start(2),
         PatroniCluster::url,
         faults,
@@ -206,6 +235,7 @@ async fn patroni_postgres_holds_when_its_primary_is_killed_frozen_or_isolated() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_cluster_holds_when_its_leader_is_killed_frozen_or_isolated() {
     let (r, promoted) = cell_for(
+        "etcd3",
         || EtcdCluster::start_splittable(3),
         |c| {
             let hosts: Vec<String> = c
@@ -231,6 +261,7 @@ async fn etcd_cluster_holds_when_its_leader_is_killed_frozen_or_isolated() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn galera_cluster_holds_when_the_node_in_use_is_killed_frozen_or_isolated() {
     let (r, promoted) = cell_for(
+        "galera3",
         || GaleraCluster::start_splittable(3),
         GaleraCluster::url,
         &format!("{ALL_FAULTS},leader-isolate"),
@@ -245,6 +276,7 @@ async fn galera_cluster_holds_when_the_node_in_use_is_killed_frozen_or_isolated(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zookeeper_ensemble_holds_when_its_leader_is_killed_frozen_or_isolated() {
     let (r, promoted) = cell_for(
+        "zk3",
         || ZkEnsemble::start_splittable(3),
         |e| format!("zk://{}", e.connect_string()),
         &format!("{ALL_FAULTS},leader-isolate"),
@@ -257,6 +289,7 @@ async fn zookeeper_ensemble_holds_when_its_leader_is_killed_frozen_or_isolated()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_of_five_holds_when_a_node_is_killed_or_frozen() {
     let r = cell(
+        "redlock5",
         || RedisNodes::start(5),
         |n| {
             let hosts: Vec<String> = n
@@ -287,6 +320,7 @@ async fn redis_sentinel_holds_when_its_primary_is_killed_frozen_or_isolated() {
     // the Sentinels handed out: its acquires get no replica's WAIT, and the
     // Sentinels promote a replica beside it.
     let (r, promoted) = cell_for(
+        "sentinel",
         || RedisSentinel::start_splittable(2, 3),
         RedisSentinel::url,
         "leader-kill,leader-pause,leader-isolate,pause,crash",
@@ -304,6 +338,7 @@ async fn redis_cluster_holds_when_a_primary_is_killed_frozen_or_isolated() {
     // filter) while the workers still reach it: it stops taking writes
     // once it misses the majority, and its replica is elected beside it.
     let (r, promoted) = cell_for(
+        "redis-cluster",
         || RedisCluster::start_splittable(3, 2),
         RedisCluster::url,
         "leader-kill,leader-pause,leader-isolate,pause,crash",
