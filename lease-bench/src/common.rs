@@ -30,7 +30,6 @@ macro_rules! handoff_rounds {
         out
     }};
 }
-#[cfg_attr(not(feature = "peers"), allow(unused_imports))]
 pub(crate) use handoff_rounds;
 
 #[async_trait]

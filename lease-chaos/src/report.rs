@@ -43,9 +43,9 @@ pub struct Report {
     /// counters on a store whose tokens are not durable).
     #[serde(default)]
     pub declared: Vec<String>,
-    /// The run this cell came from: the UTC date it ended and, when
-    /// `scripts/chaos` ran it, the machine and the stores' versions. A matrix
-    /// split over several runs keeps each cell's own.
+    /// The run this cell came from: when `scripts/chaos` ran it, the run's
+    /// start, the machine, the stores' versions and the size; else the UTC
+    /// date it ended. A matrix split over several runs keeps each cell's own.
     #[serde(default)]
     pub run: String,
 }

@@ -98,8 +98,9 @@ pub struct ChaosOptions {
     /// Also write the report as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// A line on the run this cell belongs to (machine, store versions),
-    /// kept in the report after the date the cell ended.
+    /// A line naming the run this cell belongs to (its start, the machine,
+    /// the store versions, the size), kept in the report; by default the
+    /// date the cell ended.
     #[arg(long, default_value = "")]
     pub run_note: String,
     /// The store's topology when it is more than one process (e.g. `etcd3`);
@@ -522,13 +523,12 @@ async fn run_inner(
     Ok(report)
 }
 
-/// Today's UTC date, then `note` when there is one.
+/// The cell's run: `note` when there is one (`scripts/chaos` gives the
+/// run's start, machine, versions and size), else the UTC date it ended.
 fn run_label(note: &str) -> String {
-    let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
-    let date = now.get(..10).unwrap_or(&now);
-    if note.is_empty() {
-        date.to_string()
-    } else {
-        format!("{date}: {note}")
+    if !note.is_empty() {
+        return note.to_owned();
     }
+    let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    now.get(..10).unwrap_or(&now).to_owned()
 }

@@ -108,7 +108,8 @@ async fn cell<T: Topology + 'static>(
 ///
 /// `scripts/chaos` runs these cells at full size through the environment:
 /// `LEASE_CHAOS_ACQUISITIONS` (end the cell after that many grants),
-/// `LEASE_CHAOS_MAX_CELL` (the time bound instead of `duration`),
+/// `LEASE_CHAOS_MAX_CELL` (a longer time bound than `duration`; a cell
+/// never runs shorter than it is tuned to),
 /// `LEASE_CHAOS_SEED`, `LEASE_CHAOS_RUN_NOTE`, and `LEASE_CHAOS_JSON_DIR`
 /// (the report goes there as `<topology>.json`).
 async fn cell_for<T: Topology + 'static>(
@@ -124,7 +125,11 @@ async fn cell_for<T: Topology + 'static>(
     let store = url(&members);
     let dir = TempDir::new("chaos-replicated");
     let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-    let duration = env("LEASE_CHAOS_MAX_CELL").unwrap_or_else(|| duration.to_owned());
+    let tuned = humantime::parse_duration(duration).expect("a cell's duration");
+    let duration = env("LEASE_CHAOS_MAX_CELL")
+        .and_then(|d| humantime::parse_duration(&d).ok())
+        .filter(|d| *d > tuned)
+        .map_or_else(|| duration.to_owned(), |d| format!("{}s", d.as_secs()));
     let mut argv: Vec<String> = [
         "chaos",
         "--store",
