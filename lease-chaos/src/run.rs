@@ -53,12 +53,19 @@ pub struct ChaosOptions {
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     pub ttl: Duration,
     /// How long the run lasts; up to twice as long while a fault asked for
-    /// has not been injected yet (no holder to aim it at).
+    /// has not been injected yet (no holder to aim it at) or fewer than
+    /// --min-grants leases were granted.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub duration: Duration,
     /// End the run once this many leases were granted (within --duration).
     #[arg(long)]
     pub acquisitions: Option<u64>,
+    /// Do not end the run at --duration before this many leases were
+    /// granted (it still ends at twice --duration): a backend whose smallest
+    /// TTL is long, or a loaded machine, grants fewer per second, and a run
+    /// with too few grants judges little.
+    #[arg(long, default_value_t = 0)]
+    pub min_grants: u64,
     /// Faults to inject, comma-separated; empty for none.
     #[arg(
         long,
@@ -107,6 +114,25 @@ pub struct ChaosOptions {
     /// the report's cell label starts with it.
     #[arg(long)]
     pub topology: Option<String>,
+}
+
+/// When a run ends: at the hard deadline in any case; at the deadline once
+/// every fault asked for was injected and at least `min_grants` leases were
+/// granted; at `target` grants once every fault was injected.
+#[derive(Clone, Copy, Debug)]
+struct EndRule {
+    deadline: tokio::time::Instant,
+    hard_deadline: tokio::time::Instant,
+    target: u64,
+    min_grants: u64,
+}
+
+impl EndRule {
+    fn over(&self, now: tokio::time::Instant, grants: u64, all_injected: bool) -> bool {
+        now >= self.hard_deadline
+            || (now >= self.deadline && all_injected && grants >= self.min_grants)
+            || (grants >= self.target && all_injected)
+    }
 }
 
 /// The command that starts a worker: this executable with its hidden
@@ -348,13 +374,16 @@ async fn run_inner(
         .filter(|k| **k != FaultKind::None)
         .map(|k| k.name())
         .collect();
+    let end = EndRule {
+        deadline,
+        hard_deadline,
+        target,
+        min_grants: args.min_grants,
+    };
     let over = |sink: &Sink, injected: &BTreeMap<String, u64>| {
-        let now = tokio::time::Instant::now();
         let all_injected = wanted.iter().all(|k| injected.contains_key(*k));
-        now >= hard_deadline
-            || (now >= deadline && all_injected)
-            || interrupted.load(Ordering::SeqCst)
-            || (sink.grants() >= target && all_injected)
+        interrupted.load(Ordering::SeqCst)
+            || end.over(tokio::time::Instant::now(), sink.grants(), all_injected)
     };
     let mut faults: Vec<Fault> = Vec::new();
     let mut injected: BTreeMap<String, u64> = BTreeMap::new();
@@ -531,4 +560,48 @@ fn run_label(note: &str) -> String {
     }
     let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
     now.get(..10).unwrap_or(&now).to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::EndRule;
+    use std::time::Duration;
+    use tokio::time::Instant;
+
+    fn rule(min_grants: u64, target: u64) -> (EndRule, Instant) {
+        let start = Instant::now();
+        let rule = EndRule {
+            deadline: start + Duration::from_secs(15),
+            hard_deadline: start + Duration::from_secs(30),
+            target,
+            min_grants,
+        };
+        (rule, start)
+    }
+
+    #[test]
+    fn a_run_short_of_its_minimum_grants_goes_on_past_the_deadline() {
+        let (r, start) = rule(50, u64::MAX);
+        let after_deadline = start + Duration::from_secs(16);
+        assert!(!r.over(after_deadline, 37, true));
+        assert!(r.over(after_deadline, 50, true));
+        // Still bounded: the hard deadline ends it with whatever it has.
+        assert!(r.over(start + Duration::from_secs(30), 37, true));
+    }
+
+    #[test]
+    fn without_a_minimum_the_deadline_ends_a_run_once_every_fault_was_injected() {
+        let (r, start) = rule(0, u64::MAX);
+        assert!(!r.over(start + Duration::from_secs(14), 0, true));
+        assert!(r.over(start + Duration::from_secs(15), 0, true));
+        assert!(!r.over(start + Duration::from_secs(15), 0, false));
+    }
+
+    #[test]
+    fn the_acquisitions_target_ends_a_run_early_once_every_fault_was_injected() {
+        let (r, start) = rule(50, 600);
+        assert!(r.over(start + Duration::from_secs(3), 600, true));
+        assert!(!r.over(start + Duration::from_secs(3), 600, false));
+        assert!(!r.over(start + Duration::from_secs(3), 599, true));
+    }
 }
