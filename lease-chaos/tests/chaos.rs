@@ -204,7 +204,7 @@ async fn without_the_fence_read_write_pauses_admit_stale_operations() {
 /// each node's wall clock), and the fence still admits no stale write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clock_jump_on_a_redlock_node_breaks_exclusion_but_not_the_fence() {
-    let r = cell(
+    let r = until_seen(
         &redlock_url(),
         &[
             "--faults",
@@ -214,6 +214,7 @@ async fn a_clock_jump_on_a_redlock_node_breaks_exclusion_but_not_the_fence() {
             "--duration",
             "20s",
         ],
+        |r| r.counts.validity_overlaps > 0,
     )
     .await;
     assert!(r.passed(), "{}", r.text());
@@ -234,7 +235,7 @@ async fn a_clock_jump_on_a_redlock_node_breaks_exclusion_but_not_the_fence() {
 /// both are what `Volatile` declares, and the report must say so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redlock_node_losing_its_counters_regresses_tokens_as_declared() {
-    let r = cell(
+    let r = until_seen(
         &redlock_url(),
         &[
             "--faults",
@@ -244,6 +245,7 @@ async fn a_redlock_node_losing_its_counters_regresses_tokens_as_declared() {
             "--duration",
             "20s",
         ],
+        |r| r.counts.token_regressions > 0,
     )
     .await;
     assert!(r.passed(), "{}", r.text());
@@ -290,15 +292,12 @@ async fn every_networked_store_holds_while_frozen() {
                 "store-pause,pause",
                 "--store-pid",
                 &pid,
-                // Until 600 grants, up to 30 s: etcd (2 s minimum TTL) on a
-                // loaded machine needs longer than the others to grant enough
-                // (20 s gave it 47 grants in a CI run, below what `holds`
-                // needs). 300 grants once ended a Redis run 7 s in, after one
-                // fault of each kind, with one recovery to judge.
-                "--acquisitions",
-                "600",
+                // 15 s of faults (not a count of grants: 300 grants once
+                // ended a Redis run 7 s in, with one recovery to judge), and
+                // longer where the grants `holds` needs are not in yet (etcd,
+                // 2 s smallest TTL, once granted 47 in 20 s).
                 "--duration",
-                "30s",
+                "15s",
             ],
         )
         .await;
@@ -339,11 +338,19 @@ async fn without_the_fence_pauses_admit_stale_writes() {
 /// which each pause makes likely, not certain (a loaded machine grants fewer
 /// leases per run).
 async fn stale_control(store: &str, extra: &[&str]) -> Report {
+    until_seen(store, extra, |r| r.counts.stale_admitted > 0).await
+}
+
+/// A cell whose case (a stale admission, an overlap, a regression) each
+/// fault makes likely, not certain, in one seeded schedule: run again, up
+/// to 3 runs, until the case happened; the last report either way. A run
+/// that broke a declaration is returned at once.
+async fn until_seen(store: &str, extra: &[&str], seen: impl Fn(&Report) -> bool) -> Report {
     let mut runs = 0;
     loop {
         let r = cell(store, extra).await;
         runs += 1;
-        if r.counts.stale_admitted > 0 || runs == 3 {
+        if seen(&r) || !r.passed() || runs == 3 {
             return r;
         }
     }

@@ -69,7 +69,7 @@ fn etcd_lease_id(lease: &lease_api::Lease) -> i64 {
 /// keeps the key: the keep-alive really renewed the older etcd lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_woken_waiter_takes_the_key_in_one_round_trip() {
-    const DELAY: Duration = Duration::from_millis(500);
+    const DELAY: Duration = Duration::from_secs(1);
     let (_proxy, waiter) = delayed(DELAY).await;
     let holder = shared("delayed");
     let mut raw = etcd_client::Client::connect([store_url("LEASE_TEST_ETCD_URL")], None)
@@ -112,7 +112,7 @@ async fn a_woken_waiter_takes_the_key_in_one_round_trip() {
 /// already renews the lease and waits for etcd's answer).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_extend_takes_two_round_trips() {
-    const DELAY: Duration = Duration::from_millis(500);
+    const DELAY: Duration = Duration::from_secs(1);
     let (_proxy, p) = delayed(DELAY).await;
     let k = LeaseKey::new(unique("extend-trips")).unwrap();
     let lease = p.try_acquire(&k, TTL).await.unwrap().into_lease().unwrap();
@@ -170,7 +170,7 @@ impl LeaseProvider for Counting {
 /// needed two round trips after the wake, and two watches in all.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_in_acquire_holds_the_key_one_round_trip_after_the_release() {
-    const DELAY: Duration = Duration::from_millis(400);
+    const DELAY: Duration = Duration::from_secs(1);
     let (_proxy, p) = delayed(DELAY).await;
     let waiter = Arc::new(Counting {
         inner: p,
@@ -275,7 +275,7 @@ async fn a_watch_of_a_free_key_never_seen_held_reports_it_at_once() {
 /// it gets is no longer valid than etcd keeps the key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_try_after_a_release_reuses_the_released_etcd_lease() {
-    const DELAY: Duration = Duration::from_millis(400);
+    const DELAY: Duration = Duration::from_secs(1);
     let (_proxy, p) = delayed(DELAY).await;
     let mut raw = etcd_client::Client::connect([store_url("LEASE_TEST_ETCD_URL")], None)
         .await

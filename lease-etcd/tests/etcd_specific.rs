@@ -631,7 +631,10 @@ async fn an_extend_of_a_rebuilt_lease_reports_what_etcd_granted() {
 /// the new, shorter etcd lease while the holder believes the old validity).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_extend_dropped_during_its_move_puts_the_key_back() {
-    const DELAY: Duration = Duration::from_millis(600);
+    // Long enough that the drop, half a delay after the grant shows, comes
+    // after the client sent the move and before etcd got it, with room on
+    // both sides for a loaded machine.
+    const DELAY: Duration = Duration::from_millis(1500);
     let server = owned_etcd();
     let proxy = lease_testkit::Proxy::start(server.port()).await;
     let p = EtcdProvider::new(

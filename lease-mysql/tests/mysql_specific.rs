@@ -248,9 +248,10 @@ async fn an_acquire_given_up_on_does_not_commit_later() {
         .unwrap();
     let (k, q) = (key.clone(), p.clone());
     let attempt = tokio::spawn(async move { q.try_acquire(&k, TTL).await });
-    tokio::time::sleep(limit + Duration::from_millis(300)).await;
-    sqlx::query("ROLLBACK").execute(&mut blocker).await.unwrap();
+    // The client gives up first, then the row is freed (had the attempt
+    // started late, a rollback at a fixed time could free it too early).
     let answer = attempt.await.unwrap();
+    sqlx::query("ROLLBACK").execute(&mut blocker).await.unwrap();
     assert!(
         matches!(
             answer,

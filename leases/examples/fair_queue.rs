@@ -53,8 +53,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             provider.release(&lease).await?;
             Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
         }));
-        // Let worker w take its ticket before the next one arrives.
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        // Let worker w take its ticket before the next one arrives (one or
+        // two round trips; generous for a loaded machine).
+        tokio::time::sleep(Duration::from_millis(400)).await;
     }
     provider.release(&first).await?;
     for w in workers {
