@@ -43,6 +43,14 @@ fn short_ttl(p: &dyn LeaseProvider) -> Duration {
     p.capabilities().practical_ttl(Duration::from_millis(500))
 }
 
+/// The TTL of the cases where a guard or a session must keep a lease across
+/// several TTLs: long enough that a loaded machine's stalls (a busy core, a
+/// store's pause) do not end a lease between two renewals (at 500 ms, each
+/// renewal had under 300 ms to land), short enough that a case spans several.
+fn renewing_ttl(p: &dyn LeaseProvider) -> Duration {
+    p.capabilities().practical_ttl(Duration::from_secs(2))
+}
+
 fn long_ttl(p: &dyn LeaseProvider) -> Duration {
     p.capabilities().practical_ttl(Duration::from_secs(30))
 }

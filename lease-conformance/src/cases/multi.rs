@@ -325,7 +325,7 @@ pub(super) async fn atomic_multi_key_is_never_seen_half_held(ctx: Ctx) -> CaseRe
 pub(super) async fn lease_set_renews_and_is_lost_together(ctx: Ctx) -> CaseResult {
     let p = ctx.provider().await?;
     let other = ctx.provider().await?;
-    let ttl = short_ttl(&*p);
+    let ttl = renewing_ttl(&*p);
     let keys = [ctx.key("a")?, ctx.key("b")?];
     let Some(leases) = acquire_all(&p, &keys, AcquireOptions::ttl(ttl)).await? else {
         return Err(CaseError("a free set was not acquired".into()));
@@ -378,6 +378,9 @@ pub(super) async fn multi_key_takes_over_expired_keys(ctx: Ctx) -> CaseResult {
     let p = ctx.provider().await?;
     let ttl = short_ttl(&*crashed);
     let keys = [ctx.key("a")?, ctx.key("b")?, ctx.key("c")?];
+    // `p` connected (and its table made) before the clock of the short
+    // leases below starts: its first call must come while they still run.
+    p.inspect(&keys[1]).await?;
     // Two keys of the set held by holders that stop renewing (a crash).
     let old_a = must_acquire(&*crashed, &keys[0], ttl).await?;
     let old_c = must_acquire(&*crashed, &keys[2], ttl).await?;

@@ -328,7 +328,7 @@ pub(super) async fn rw_leases_renew_and_stale_handles_touch_nothing(ctx: Ctx) ->
     if refuses_rw(&p, &key).await? {
         return Ok(());
     }
-    let ttl = short_ttl(&*p);
+    let ttl = renewing_ttl(&*p);
     let r = must_read(&*p, &key, ttl).await?;
     // A reader's handle passed as a writer's (and the other way) touches nothing.
     let as_writer = r.clone().with_kind(LeaseKind::Write);

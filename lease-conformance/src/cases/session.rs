@@ -27,7 +27,7 @@ async fn take(
 pub(super) async fn session_renews_many_leases(ctx: Ctx) -> CaseResult {
     let p = ctx.provider().await?;
     let other = ctx.provider().await?;
-    let ttl = session_ttl(&*p);
+    let ttl = renewing_ttl(&*p);
     let session = open(&p, ttl).await?;
     let n = 40;
     let held = take(&session, &ctx, "many", n).await?;
@@ -99,7 +99,7 @@ pub(super) async fn session_renews_many_leases(ctx: Ctx) -> CaseResult {
 pub(super) async fn session_key_lost_alone(ctx: Ctx) -> CaseResult {
     let p = ctx.provider().await?;
     let other = ctx.provider().await?;
-    let ttl = session_ttl(&*p);
+    let ttl = renewing_ttl(&*p);
     let session = open(&p, ttl).await?;
     let held = take(&session, &ctx, "alone", 5).await?;
     // The store ends one lease behind the session's back and someone else
@@ -200,7 +200,7 @@ pub(super) async fn session_outage_fires_every_lease_by_validity(ctx: Ctx) -> Ca
 pub(super) async fn session_release_keeps_the_others(ctx: Ctx) -> CaseResult {
     let p = ctx.provider().await?;
     let other = ctx.provider().await?;
-    let ttl = session_ttl(&*p);
+    let ttl = renewing_ttl(&*p);
     let session = open(&p, ttl).await?;
     let mut held = take(&session, &ctx, "release", 4).await?;
     let released = held.remove(1);
@@ -221,13 +221,6 @@ pub(super) async fn session_release_keeps_the_others(ctx: Ctx) -> CaseResult {
     }
     session.close().await;
     Ok(())
-}
-
-/// The TTL of the cases that check a session keeps its leases: long enough
-/// that a loaded machine's stalls (a busy core, a store's pause) do not end a
-/// lease between two renewals, short enough that each case spans several.
-fn session_ttl(p: &dyn LeaseProvider) -> Duration {
-    p.capabilities().practical_ttl(Duration::from_secs(2))
 }
 
 /// How long a store-side session (ZooKeeper's) may keep a cut-off holder's
