@@ -83,7 +83,9 @@ pub(super) async fn semaphore_permit_of_crashed_holder_returns(ctx: Ctx) -> Case
     let crashed = ctx.provider().await?;
     let waiter = ctx.provider().await?;
     let name = ctx.key("crashed-permits")?;
-    let ttl = short_ttl(&*crashed);
+    // Long enough that both permits still run when the third try ends (a
+    // loaded machine's few round trips); short enough to wait out.
+    let ttl = renewing_ttl(&*crashed);
     let sem = Semaphore::new(Arc::clone(&crashed), name.as_str(), 2)?;
     let sent = Instant::now();
     let a = sem.try_acquire(ttl).await?;

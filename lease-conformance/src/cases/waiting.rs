@@ -142,6 +142,8 @@ pub(super) async fn waiter_gets_free_key_when_watch_fails(ctx: Ctx) -> CaseResul
     let key = ctx.key("no-watch")?;
     let ttl = short_ttl(&*holder);
     let wait = expiry_bound(&*holder, ttl) * 2;
+    // Connected first: the bound is on the acquire, not on a cold start.
+    w.inspect(&key).await?;
     let started = Instant::now();
     let Some(free) = acquire(&w, &key, AcquireOptions::ttl(ttl).wait(wait)).await? else {
         return Err(CaseError(
