@@ -39,6 +39,12 @@ use crate::{CaseError, CaseResult, Ctx, Instrumented, Partition};
 /// Room for scheduling delays on a loaded machine, on top of declared slack.
 const TOLERANCE: Duration = Duration::from_millis(1500);
 
+/// How soon a waiter must hold a key handed over by a notification (a
+/// release, a resignation, the last reader leaving) in the cases whose
+/// leases last the long TTL: generous for a loaded machine, far below the
+/// 30 s a waiter without the notification waits for.
+const HANDED_OVER_WITHIN: Duration = Duration::from_secs(5);
+
 fn short_ttl(p: &dyn LeaseProvider) -> Duration {
     p.capabilities().practical_ttl(Duration::from_millis(500))
 }

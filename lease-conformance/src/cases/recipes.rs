@@ -217,7 +217,7 @@ pub(super) async fn election_has_one_leader_and_followers_see_each_term(ctx: Ctx
         check!(t1 > t0, "term tokens went from {t0} to {t1}");
         let gap = started.saturating_duration_since(resigned);
         check!(
-            gap < TOLERANCE,
+            gap < HANDED_OVER_WITHIN,
             "the next term started {gap:?} after a resignation (TTL {ttl:?}): resigning did not wake the followers"
         );
     }
@@ -516,7 +516,7 @@ pub(super) async fn fair_queue_skips_dead_and_departed_waiters(ctx: Ctx) -> Case
         ));
     };
     check!(
-        at.duration_since(released) < TOLERANCE,
+        at.duration_since(released) < HANDED_OVER_WITHIN,
         "the fair waiter behind those that left got the key {:?} after its release: their tickets stayed in line",
         at.duration_since(released)
     );

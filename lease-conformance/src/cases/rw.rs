@@ -245,7 +245,7 @@ pub(super) async fn rw_waiting_writer_keeps_new_readers_out(ctx: Ctx) -> CaseRes
         return Err(CaseError("the waiting writer never got the key".into()));
     };
     check!(
-        at - released < TOLERANCE,
+        at - released < HANDED_OVER_WITHIN,
         "the writer got the key {:?} after the last reader left (its TTL is {ttl:?})",
         at - released
     );
