@@ -57,7 +57,8 @@ pub struct ChaosOptions {
     /// --min-grants leases were granted.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub duration: Duration,
-    /// End the run once this many leases were granted (within --duration).
+    /// End the run once this many leases were granted (within --duration;
+    /// raised to --min-grants).
     #[arg(long)]
     pub acquisitions: Option<u64>,
     /// Do not end the run at --duration before this many leases were
@@ -128,6 +129,25 @@ struct EndRule {
 }
 
 impl EndRule {
+    /// The rule of a run that starts at `start`. A run whose faults could not
+    /// all be aimed by the deadline (no holder at the moment, on a loaded
+    /// machine), or that has fewer than `min_grants`, goes on up to twice
+    /// its `duration`: a fault never injected judges nothing. An
+    /// `acquisitions` target below `min_grants` is raised to it.
+    fn new(
+        start: tokio::time::Instant,
+        duration: Duration,
+        acquisitions: Option<u64>,
+        min_grants: u64,
+    ) -> Self {
+        EndRule {
+            deadline: start + duration,
+            hard_deadline: start + duration * 2,
+            target: acquisitions.map_or(u64::MAX, |a| a.max(min_grants)),
+            min_grants,
+        }
+    }
+
     fn over(&self, now: tokio::time::Instant, grants: u64, all_injected: bool) -> bool {
         now >= self.hard_deadline
             || (now >= self.deadline && all_injected && grants >= self.min_grants)
@@ -338,12 +358,12 @@ async fn run_inner(
     run.start_workers(args.workers, &targets, hosts.as_ref(), &store)
         .await?;
 
-    let deadline = tokio::time::Instant::now() + args.duration;
-    // A run whose faults could not all be aimed by the deadline (no holder
-    // at the moment, on a loaded machine) goes on until each was injected,
-    // up to twice its duration: a fault never injected judges nothing.
-    let hard_deadline = deadline + args.duration;
-    let target = args.acquisitions.unwrap_or(u64::MAX);
+    let end = EndRule::new(
+        tokio::time::Instant::now(),
+        args.duration,
+        args.acquisitions,
+        args.min_grants,
+    );
     // SIGINT or SIGTERM ends the run the normal way: the fault in progress
     // heals (a frozen store is thawed), workers are stopped, then an error.
     let interrupted = Arc::new(AtomicBool::new(false));
@@ -374,12 +394,6 @@ async fn run_inner(
         .filter(|k| **k != FaultKind::None)
         .map(|k| k.name())
         .collect();
-    let end = EndRule {
-        deadline,
-        hard_deadline,
-        target,
-        min_grants: args.min_grants,
-    };
     let over = |sink: &Sink, injected: &BTreeMap<String, u64>| {
         let all_injected = wanted.iter().all(|k| injected.contains_key(*k));
         interrupted.load(Ordering::SeqCst)
@@ -570,12 +584,8 @@ mod tests {
 
     fn rule(min_grants: u64, target: u64) -> (EndRule, Instant) {
         let start = Instant::now();
-        let rule = EndRule {
-            deadline: start + Duration::from_secs(15),
-            hard_deadline: start + Duration::from_secs(30),
-            target,
-            min_grants,
-        };
+        let target = (target != u64::MAX).then_some(target);
+        let rule = EndRule::new(start, Duration::from_secs(15), target, min_grants);
         (rule, start)
     }
 
@@ -603,5 +613,12 @@ mod tests {
         assert!(r.over(start + Duration::from_secs(3), 600, true));
         assert!(!r.over(start + Duration::from_secs(3), 600, false));
         assert!(!r.over(start + Duration::from_secs(3), 599, true));
+    }
+
+    #[test]
+    fn an_acquisitions_target_below_the_minimum_grants_is_raised_to_it() {
+        let (r, start) = rule(50, 20);
+        assert!(!r.over(start + Duration::from_secs(3), 20, true));
+        assert!(r.over(start + Duration::from_secs(3), 50, true));
     }
 }

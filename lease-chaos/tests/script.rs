@@ -49,6 +49,12 @@ fn a_kept_cell_counts_only_at_the_size_being_run() {
         "sqlite-pause",
         "run started here; up to 100 acquisitions, bounded by 1m",
     );
+    // A longer bound (1m30s, whose text starts with 1m's): runs again.
+    kept(
+        &cells,
+        "sqlite-rw-pause-crash",
+        "run started here; up to 10 acquisitions, bounded by 1m30s",
+    );
     let out = format!("target/{name}");
     let args = [
         "--status",

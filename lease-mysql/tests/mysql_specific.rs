@@ -248,9 +248,13 @@ async fn an_acquire_given_up_on_does_not_commit_later() {
         .unwrap();
     let (k, q) = (key.clone(), p.clone());
     let attempt = tokio::spawn(async move { q.try_acquire(&k, TTL).await });
-    // The client gives up first, then the row is freed (had the attempt
-    // started late, a rollback at a fixed time could free it too early).
+    // The client gives up first (had the attempt started late, a rollback at
+    // a fixed time could free the row too early); the server's limit, which
+    // started when the statement arrived, a little after the client's timer,
+    // ends the statement soon after. The row is freed then, still before
+    // InnoDB's 1 s lock wait would have ended it.
     let answer = attempt.await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
     sqlx::query("ROLLBACK").execute(&mut blocker).await.unwrap();
     assert!(
         matches!(

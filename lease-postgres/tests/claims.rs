@@ -258,9 +258,19 @@ async fn a_killed_workers_rows_come_back_after_the_visibility_timeout() {
         // The child: claim a batch, say which, then hang until killed.
         let queue =
             JobQueue::new(&provider(2), QueueConfig::new(table).visibility(visibility)).unwrap();
+        // The wall clock before the claim: the server stamps the claim
+        // after it, so the rows must stay away for the visibility from here.
+        let before = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis();
         let claim = queue.claim_next(50).await.unwrap();
         let report = std::env::var(CHILD_REPORT).unwrap();
-        let line = format!("claimed {} token {}\n", claim.ids().len(), claim.token());
+        let line = format!(
+            "claimed {} token {} before {before}\n",
+            claim.ids().len(),
+            claim.token()
+        );
         std::fs::write(format!("{report}.tmp"), line).unwrap();
         std::fs::rename(format!("{report}.tmp"), report).unwrap();
         std::future::pending::<()>().await;
@@ -269,9 +279,6 @@ async fn a_killed_workers_rows_come_back_after_the_visibility_timeout() {
     let table = job_table(&p, 200).await;
     let dir = tempfile::tempdir().unwrap();
     let report = dir.path().join("claimed");
-    // Before the child starts: it claims after this, and its rows must stay
-    // away for the visibility timeout from then.
-    let spawned = Instant::now();
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "a_killed_workers_rows_come_back_after_the_visibility_timeout",
@@ -297,7 +304,10 @@ async fn a_killed_workers_rows_come_back_after_the_visibility_timeout() {
     };
     let claimed_at = Instant::now();
     assert!(line.starts_with("claimed 50 "), "{line}");
-    let child_token: u64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+    let fields: Vec<&str> = line.split(' ').collect();
+    let child_token: u64 = fields[3].parse().unwrap();
+    let before_claim =
+        std::time::UNIX_EPOCH + Duration::from_millis(fields[5].parse::<u64>().unwrap());
     // kill -9 mid-batch: no completion, no release, its connection cut.
     child.kill().unwrap();
     child.wait().unwrap();
@@ -318,12 +328,14 @@ async fn a_killed_workers_rows_come_back_after_the_visibility_timeout() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    let after = spawned.elapsed();
+    let after = std::time::SystemTime::now()
+        .duration_since(before_claim)
+        .unwrap_or_default();
     assert_eq!(back.ids(), (1..=50).collect::<Vec<i64>>());
     assert!(back.token().get() > child_token);
     assert!(
         after >= visibility,
-        "the rows came back {after:?} after the worker started, before the visibility ran out"
+        "the rows came back {after:?} after the claim was sent, before the visibility ran out"
     );
     assert!(queue.complete(&back, back.ids()).await.unwrap().all_done());
 }

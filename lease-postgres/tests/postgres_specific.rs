@@ -359,6 +359,9 @@ async fn takeover_waits_for_an_open_fenced_transaction() {
     let (a, b) = (shared(&ns), shared(&ns));
     let k = LeaseKey::new("batch-8").unwrap();
     let ttl = Duration::from_millis(300);
+    // b connected first: its takeover below waits on the lock, not on a
+    // new connection.
+    b.inspect(&k).await.unwrap();
     let lease = a.try_acquire(&k, ttl).await.unwrap().into_lease().unwrap();
     let tx = a.begin_fenced(&lease).await.unwrap();
     // The lease expires while the fenced transaction is still open.

@@ -40,9 +40,11 @@ use crate::{CaseError, CaseResult, Ctx, Instrumented, Partition};
 const TOLERANCE: Duration = Duration::from_millis(1500);
 
 /// How soon a waiter must hold a key handed over by a notification (a
-/// release, a resignation, the last reader leaving) in the cases whose
-/// leases last the long TTL: generous for a loaded machine, far below the
-/// 30 s a waiter without the notification waits for.
+/// resignation, the last reader leaving) in the cases whose leases last the
+/// long TTL and whose waiters sleep until the holder's TTL without one:
+/// generous for a loaded machine, far below the 30 s such a waiter waits.
+/// Not for fair waiters: they wake at each refresh of their ticket (about
+/// every 3 s) and their tickets live 10 s at most.
 const HANDED_OVER_WITHIN: Duration = Duration::from_secs(5);
 
 fn short_ttl(p: &dyn LeaseProvider) -> Duration {

@@ -516,7 +516,7 @@ pub(super) async fn fair_queue_skips_dead_and_departed_waiters(ctx: Ctx) -> Case
         ));
     };
     check!(
-        at.duration_since(released) < HANDED_OVER_WITHIN,
+        at.duration_since(released) < TOLERANCE,
         "the fair waiter behind those that left got the key {:?} after its release: their tickets stayed in line",
         at.duration_since(released)
     );
