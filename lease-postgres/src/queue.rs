@@ -164,13 +164,16 @@ impl JobQueue {
                  ),
                  tok AS MATERIALIZED (
                     -- Drawn after the rows are locked: a later claim of a row
-                    -- always draws after the earlier one committed.
-                    SELECT nextval('{seq}') AS token FROM (SELECT count(*) FROM picked) AS locked
+                    -- always draws after the earlier one committed. The clock
+                    -- is read once too: every row of a claim runs out at the
+                    -- same instant (read per row, a batch came back in parts).
+                    SELECT nextval('{seq}') AS token, clock_timestamp() AS at
+                      FROM (SELECT count(*) FROM picked) AS locked
                  ),
                  claimed AS (
                     UPDATE {t} AS j
                        SET lease_owner = $2, lease_token = tok.token,
-                           lease_until = clock_timestamp() + $3::bigint * interval '1 microsecond'
+                           lease_until = tok.at + $3::bigint * interval '1 microsecond'
                       FROM picked, tok
                      WHERE j.{id} = picked.{id}
                     RETURNING j.*
@@ -188,7 +191,7 @@ impl JobQueue {
                 ),
             },
             extend: format!(
-                "UPDATE {t} SET lease_until = clock_timestamp() + $4::bigint * interval '1 microsecond'
+                "UPDATE {t} SET lease_until = (SELECT clock_timestamp()) + $4::bigint * interval '1 microsecond'
                   WHERE {id} = ANY($1) AND {ours} AND lease_done_at IS NULL RETURNING {id}::bigint"
             ),
             release: format!(

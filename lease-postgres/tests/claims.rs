@@ -316,6 +316,17 @@ async fn a_killed_workers_rows_come_back_after_the_visibility_timeout() {
     let rest = queue.claim_next(1000).await.unwrap();
     assert_eq!(rest.ids().len(), 150, "the dead worker's rows stay claimed");
     assert_eq!(rest.ids()[0], 51);
+    // One expiry for the whole claim: its rows come back together, never a
+    // batch in parts (the clock is read once per claim, not per row).
+    let expiries = count(
+        &p,
+        &format!(
+            "SELECT count(DISTINCT lease_until) FROM {table} WHERE lease_token = {}",
+            rest.token().get()
+        ),
+    )
+    .await;
+    assert_eq!(expiries, 1, "a claim of 150 rows has {expiries} expiries");
     assert!(queue.complete(&rest, rest.ids()).await.unwrap().all_done());
     let back = loop {
         let claim = queue.claim_next(1000).await.unwrap();
