@@ -35,6 +35,8 @@ pub(crate) const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 struct Open {
     conn: PgConnection,
     last_used: Instant,
+    /// The server session behind `conn`, read once when it was made.
+    session: Session,
 }
 
 pub(crate) struct Conns {
@@ -117,15 +119,20 @@ impl Conns {
         }
         let open = match open {
             Some(o) => o,
-            None => Open {
-                conn: self
+            None => {
+                let mut conn = self
                     .hosts
                     .connect_primary(|o| {
                         o.options([("statement_timeout", self.statement_ms.as_str())])
                     })
-                    .await?,
-                last_used: Instant::now(),
-            },
+                    .await?;
+                let session = Session::of(&mut conn).await?;
+                Open {
+                    conn,
+                    last_used: Instant::now(),
+                    session,
+                }
+            }
         };
         Ok(Checkout { slot, open })
     }
@@ -135,6 +142,11 @@ impl Checkout<'_> {
     /// The connection, for one statement.
     pub(crate) fn conn(&mut self) -> &mut PgConnection {
         &mut self.open.conn
+    }
+
+    /// The server session the connection talks to.
+    pub(crate) fn session(&self) -> Session {
+        self.open.session
     }
 
     /// Hands the connection back after its statement answered with `result`:
@@ -162,5 +174,26 @@ impl Checkout<'_> {
             open.last_used = Instant::now();
             *slot = Some(open);
         }
+    }
+}
+
+/// One server session: its process id and its start in microseconds since
+/// the epoch (a process id alone may be given to a later session).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Session {
+    pub(crate) pid: i32,
+    pub(crate) started: i64,
+}
+
+impl Session {
+    /// The session `conn` talks to.
+    pub(crate) async fn of(conn: &mut PgConnection) -> Result<Self, sqlx::Error> {
+        let (pid, started) = sqlx::query_as::<_, (i32, i64)>(
+            "SELECT pid, (extract(epoch from backend_start) * 1000000)::bigint
+               FROM pg_stat_activity WHERE pid = pg_backend_pid()",
+        )
+        .fetch_one(conn)
+        .await?;
+        Ok(Session { pid, started })
     }
 }

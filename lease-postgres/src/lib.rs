@@ -96,8 +96,12 @@
 //! connection it takes back, a second round trip per operation. A connection
 //! whose statement was cut off by the response timeout is closed, and the
 //! server ends the statement too (`statement_timeout`, set to the response
-//! timeout at connect), so no late acquire commits unseen. Whichever limit
-//! fires first, the caller gets `Timeout`. Behind PgBouncer,
+//! timeout at connect). Whichever limit fires first, the caller gets
+//! `Timeout`. The server's limit counts from the statement's arrival, after
+//! the client's started, so an acquire left without its answer is also
+//! cancelled in the background: the server session it was sent on is ended,
+//! and once it has gone whatever the acquire won is released (see
+//! `LeaseProvider::flush`). No late acquire leaves a lease nobody holds. Behind PgBouncer,
 //! list `options` in `ignore_startup_parameters` (sqlx already needs
 //! `extra_float_digits` there); the server-side limit is then lost.
 //!
@@ -164,6 +168,7 @@ mod hosts;
 mod multi;
 mod once;
 mod ops;
+mod orphans;
 mod patroni;
 mod probe;
 mod provider;

@@ -9,6 +9,7 @@ use lease_api::{FencingToken, Lease, LeaseError, LeaseKey, LeaseProvider, Result
 use sqlx::Row;
 use tokio::time::Instant;
 
+use crate::orphans::Flight;
 use crate::provider::{PostgresProvider, from_micros, micros};
 
 /// How often a set is tried again after a concurrent commit inserted one of
@@ -44,9 +45,11 @@ impl PostgresProvider {
             let owners: Vec<OwnerId> = keys.iter().map(|_| OwnerId::random()).collect();
             let owner_hex: Vec<String> = owners.iter().map(|o| o.to_hex()).collect();
             let sent_at = Instant::now();
+            let flight = Flight::new(self, &self.inner.sql.acquire_all, &names, &owner_hex);
             let answer = self
                 .bounded("acquire_all", async {
                     let mut c = self.inner.conns.checkout().await?;
+                    flight.sent(c.session());
                     let r = sqlx::query(&self.inner.sql.acquire_all)
                         .bind(&self.inner.namespace)
                         .bind(&names)
@@ -56,6 +59,7 @@ impl PostgresProvider {
                         .bind(count)
                         .fetch_all(c.conn())
                         .await;
+                    flight.answered(&r);
                     let r = match r {
                         Err(sqlx::Error::Database(e))
                             if e.code().as_deref() == Some(PARTIAL_SET) =>

@@ -12,6 +12,7 @@ use lease_api::{
 use sqlx::Row;
 use tokio::time::Instant;
 
+use crate::orphans::Flight;
 use crate::provider::{PostgresProvider, from_micros, in_runtime, micros, token_i64};
 use crate::sql::payload;
 
@@ -31,17 +32,21 @@ impl LeaseProvider for PostgresProvider {
         let owner = OwnerId::random();
         let holder = lease_api::holder();
         let sent_at = Instant::now();
+        let (keys, owners) = ([key.as_str()], [owner.to_hex()]);
+        let flight = Flight::new(self, &self.inner.sql.acquire, &keys, &owners);
         let row = self
             .bounded("acquire", async {
                 let mut c = self.inner.conns.checkout().await?;
+                flight.sent(c.session());
                 let r = sqlx::query(&self.inner.sql.acquire)
                     .bind(&self.inner.namespace)
                     .bind(key.as_str())
-                    .bind(owner.to_hex())
+                    .bind(&owners[0])
                     .bind(micros(ttl))
                     .bind(&*holder)
                     .fetch_optional(c.conn())
                     .await;
+                flight.answered(&r);
                 c.done(&r);
                 r
             })
@@ -206,6 +211,13 @@ impl LeaseProvider for PostgresProvider {
 
     fn batch_limit(&self) -> usize {
         1000
+    }
+
+    async fn flush(&self, limit: Duration) {
+        let tracker = &self.inner.cleanups;
+        tracker.close();
+        let _ = tokio::time::timeout(limit, tracker.wait()).await;
+        tracker.reopen();
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {

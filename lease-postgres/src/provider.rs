@@ -56,6 +56,8 @@ pub(crate) struct Inner {
     pub(crate) display: String,
     /// Patroni's REST API addresses, for the failover probe.
     pub(crate) patroni: Vec<String>,
+    /// Cancels of acquires that had no answer (`orphans.rs`).
+    pub(crate) cleanups: tokio_util::task::TaskTracker,
 }
 
 /// Leases in a PostgreSQL table, timed by the database clock.
@@ -240,6 +242,7 @@ impl PostgresProvider {
                 caps: ProbedCapabilities::new(base),
                 display,
                 patroni: config.patroni,
+                cleanups: tokio_util::task::TaskTracker::new(),
             }),
         })
     }

@@ -21,6 +21,13 @@ pub(crate) struct Statements {
     pub extend: String,
     pub extend_many: String,
     pub release: String,
+    /// Releases the rows an acquire without an answer may have won: `$2`
+    /// keys, each with the owner in `$3`; notifies each on channel `$4`.
+    pub release_owned: String,
+    /// Ends server session `$1` (pid) started at `$2` (microseconds since
+    /// the epoch) while it is idle or runs statement `$3`; a row while it
+    /// is still there so.
+    pub end_session: String,
     pub inspect: String,
     pub fence: String,
     pub purge: String,
@@ -309,6 +316,22 @@ impl Statements {
                  )
                  SELECT pg_notify($5, $6) FROM gone"
             ),
+            // Whatever the expiry: a row of ours that ran out and was not
+            // taken since holds nobody either way.
+            release_owned: format!(
+                "WITH gone AS (
+                    UPDATE {t} AS l SET owner = NULL, expires_at = NULL, holder = NULL
+                      FROM unnest($2::text[], $3::text[]) AS b(key, owner)
+                     WHERE l.namespace = $1 AND l.key = b.key AND l.owner = b.owner
+                    RETURNING l.key
+                 )
+                 SELECT g.key, pg_notify($4, octet_length($1) || ':' || $1 || g.key) FROM gone g"
+            ),
+            // `query` is cut at track_activity_query_size: a prefix of ours.
+            end_session: "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                           WHERE pid = $1 AND (extract(epoch from backend_start) * 1000000)::bigint = $2
+                             AND (state = 'idle' OR (state = 'active' AND query <> '' AND starts_with($3, query)))"
+                .to_owned(),
             inspect: format!(
                 // `to_jsonb(l)->>'holder'`: NULL on a table from before holder
                 // labels, which inspect reads without migrating it.

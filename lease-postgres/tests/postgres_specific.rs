@@ -927,3 +927,118 @@ async fn joins_work_on_a_waiters_table_without_the_mark_index() {
     .await
     .unwrap();
 }
+
+/// An acquire whose statement reaches the server late (here every request
+/// is held 600 ms on its way) gives up at the response timeout, counted from
+/// before it was sent, while the server's statement limit counts from its
+/// arrival. The row it waits on (under an open fenced transaction) is freed
+/// in between, so the statement commits a lease nobody holds. The provider
+/// ends the session the statement was sent on, then releases what it won
+/// and tells the key's waiters: a waiter gets the key long before the
+/// lease's 30 s TTL, and the store keeps no lease of the acquire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_the_client_gave_up_on_that_commits_late_is_released() {
+    let (server, proxy, p) = behind_a_proxy().await;
+    let direct = Arc::new(
+        PostgresProvider::new(PostgresConfig::new(url(&server)).timeouts(TIMEOUT, TIMEOUT))
+            .unwrap(),
+    );
+    let key = LeaseKey::new("late").unwrap();
+    let short = direct
+        .capabilities()
+        .practical_ttl(Duration::from_millis(200));
+    let old = direct
+        .try_acquire(&key, short)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    let tx = direct.begin_fenced(&old).await.unwrap();
+    tokio::time::sleep(short + Duration::from_millis(100)).await;
+    // Warm (the table checked, a connection used within the last second),
+    // so the acquire is one statement on the wire.
+    let warm = LeaseKey::new("warm").unwrap();
+    let l = p
+        .try_acquire(&warm, TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    p.release(&l).await.unwrap();
+    proxy.delay_requests(Duration::from_millis(600));
+    let err = p.try_acquire(&key, TTL).await.unwrap_err();
+    assert!(matches!(err, LeaseError::Timeout { .. }), "{err:?}");
+    // The client gave up (800 ms); the server's limit runs to 1.4 s.
+    drop(tx);
+    let seen = Instant::now();
+    let late = loop {
+        if let Some(info) = direct.inspect(&key).await.unwrap() {
+            break info;
+        }
+        assert!(
+            seen.elapsed() < Duration::from_secs(2),
+            "the late statement never committed: this case tests nothing"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(late.token > old.token(), "{late:?}");
+    // A network that slow would time the cancel's own connection out too.
+    proxy.delay_requests(Duration::ZERO);
+    let started = Instant::now();
+    let got = acquire(
+        &direct,
+        &key,
+        AcquireOptions::ttl(TTL).wait(Duration::from_secs(25)),
+    )
+    .await
+    .unwrap()
+    .expect("the key came free");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the late lease held the key for {:?}",
+        started.elapsed()
+    );
+    assert!(got.token() > late.token);
+    direct.release(&got).await.unwrap();
+    p.flush(Duration::from_secs(10)).await;
+}
+
+/// An acquire still on its way when the client gave up (every request is
+/// held 2 s in the network, and the key is free) would run in full on
+/// arrival, a lease nobody holds. The provider ends the server session it
+/// was sent on, so when the statement arrives nobody runs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_still_on_its_way_when_the_client_gave_up_never_runs() {
+    let (server, proxy, p) = behind_a_proxy().await;
+    let direct =
+        PostgresProvider::new(PostgresConfig::new(url(&server)).timeouts(TIMEOUT, TIMEOUT))
+            .unwrap();
+    let key = LeaseKey::new("on-its-way").unwrap();
+    let warm = LeaseKey::new("warm").unwrap();
+    let l = p
+        .try_acquire(&warm, TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    p.release(&l).await.unwrap();
+    let held_for = Duration::from_secs(2);
+    proxy.delay_requests(held_for);
+    let sent = Instant::now();
+    let err = p.try_acquire(&key, TTL).await.unwrap_err();
+    assert!(matches!(err, LeaseError::Timeout { .. }), "{err:?}");
+    // Requests sent from now on pass at once: the cancel's own.
+    proxy.delay_requests(Duration::ZERO);
+    p.flush(Duration::from_secs(10)).await;
+    assert!(
+        sent.elapsed() < held_for,
+        "the cancel ended after the statement arrived ({:?}): this case tests nothing",
+        sent.elapsed()
+    );
+    // Past the statement's arrival, and past its run had it run.
+    while sent.elapsed() < held_for + Duration::from_secs(1) {
+        let now = direct.inspect(&key).await.unwrap();
+        assert!(now.is_none(), "the acquire ran on arrival: {now:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
