@@ -20,8 +20,9 @@ pub struct MysqlConfig {
     /// How long to wait for a connection.
     pub connect_timeout: Duration,
     /// How long to wait for a statement's answer. The server is told the same
-    /// limit (MariaDB's `max_statement_time`, InnoDB's lock wait timeout), so
-    /// a statement the client gave up on does not commit later.
+    /// limit (MariaDB's `max_statement_time`, InnoDB's lock wait timeout),
+    /// and an acquire the client gave up on is cancelled, so it leaves no
+    /// lease behind.
     pub response_timeout: Duration,
     /// How many connections lease statements may use at once (default 10).
     pub max_connections: u32,

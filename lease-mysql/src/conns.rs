@@ -32,6 +32,8 @@ pub(crate) const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 struct Open {
     conn: MySqlConnection,
     last_used: Instant,
+    /// The server session behind `conn`, read once when it was made.
+    session: Session,
 }
 
 pub(crate) struct Conns {
@@ -61,9 +63,9 @@ pub(crate) struct Checkout<'a> {
 ///   timeout (whole seconds, at least 1);
 /// - on MariaDB (the `/*M! */` comment is run by MariaDB only),
 ///   `max_statement_time`: the server ends a statement the client has given
-///   up on, so no late acquire commits unseen. MySQL has no such limit for
-///   writes; there a statement cut off by the client can still commit, and
-///   its lease runs out by its TTL.
+///   up on. MySQL has no such limit for writes. Either way an acquire left
+///   without its answer is cancelled too (`orphans.rs`): the limits count
+///   from the statement's arrival, after the client's timer started.
 pub(crate) fn session_setup(limit: Duration) -> String {
     let lock_wait = limit.as_secs().max(1);
     let statement = limit.as_secs_f64().max(0.001);
@@ -115,10 +117,15 @@ impl Conns {
         }
         let open = match open {
             Some(o) => o,
-            None => Open {
-                conn: self.connect().await?,
-                last_used: Instant::now(),
-            },
+            None => {
+                let mut conn = self.connect().await?;
+                let session = Session::of(&mut conn).await?;
+                Open {
+                    conn,
+                    last_used: Instant::now(),
+                    session,
+                }
+            }
         };
         Ok(Checkout { slot, open })
     }
@@ -134,6 +141,11 @@ impl Checkout<'_> {
     /// The connection, for one statement.
     pub(crate) fn conn(&mut self) -> &mut MySqlConnection {
         &mut self.open.conn
+    }
+
+    /// The server session the connection talks to.
+    pub(crate) fn session(&self) -> &Session {
+        &self.open.session
     }
 
     /// Hands the connection back after its statement answered with `result`:
@@ -157,5 +169,28 @@ impl Checkout<'_> {
             open.last_used = Instant::now();
             *slot = Some(open);
         }
+    }
+}
+
+/// One server session: its connection id (never given again by a running
+/// server) and the server's name (ids are per server; nodes of a cluster
+/// hand out the same ones).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Session {
+    pub(crate) id: u64,
+    pub(crate) server: String,
+}
+
+/// The server's name, as [`Session::server`] holds it.
+pub(crate) const SERVER_NAME: &str = "CONCAT(@@hostname, ':', @@port, ':', @@server_id)";
+
+impl Session {
+    /// The session `conn` talks to.
+    pub(crate) async fn of(conn: &mut MySqlConnection) -> Result<Self, sqlx::Error> {
+        let (id, server) =
+            sqlx::query_as::<_, (u64, String)>(&format!("SELECT CONNECTION_ID(), {SERVER_NAME}"))
+                .fetch_one(conn)
+                .await?;
+        Ok(Session { id, server })
     }
 }

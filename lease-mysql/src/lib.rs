@@ -65,7 +65,12 @@
 //! `STRICT_ALL_TABLES` (a value that does not fit is an error, never cut),
 //! an InnoDB lock wait within the response timeout, and on MariaDB
 //! `max_statement_time`, so the server ends a statement the client gave up
-//! on and no late acquire commits unseen. [`MysqlProvider::migrate`] refuses
+//! on. Those limits count from the statement's arrival, after the client's
+//! timer started (and MySQL has no statement limit for writes), so an
+//! acquire left without its answer is also cancelled in the background: the
+//! session it was sent on is killed, and once it has gone whatever the
+//! acquire won is released (see `LeaseProvider::flush`). No late acquire
+//! leaves a lease nobody holds. [`MysqlProvider::migrate`] refuses
 //! a server on which the session is not strict.
 //!
 //! ## Expiry clock
@@ -192,6 +197,7 @@ mod hosts;
 mod multi;
 mod once;
 mod ops;
+mod orphans;
 mod provider;
 mod queue;
 mod sql;

@@ -11,6 +11,7 @@ use lease_api::{
 use sqlx::Row;
 use tokio::time::Instant;
 
+use crate::orphans::Flight;
 use crate::provider::{MysqlProvider, from_micros, in_runtime, micros, token};
 use crate::watch::PollWatch;
 
@@ -22,13 +23,19 @@ use crate::watch::PollWatch;
 /// transaction the same way. A rolled-back statement changed nothing, so
 /// asking again is safe.
 macro_rules! statement {
-    ($provider:expr, |$c:ident| $body:expr) => {{
+    ($provider:expr, |$c:ident| $body:expr) => {
+        statement!($provider, checkout ch => {
+            let $c = ch.conn();
+            $body.await
+        })
+    };
+    ($provider:expr, checkout $checkout:ident => $body:expr) => {{
         let mut tries = 0u64;
         loop {
             let mut checkout = $provider.inner.conns.checkout().await?;
             let r = {
-                let $c = checkout.conn();
-                $body.await
+                let $checkout = &mut checkout;
+                $body
             };
             checkout.done(&r);
             match r {
@@ -58,15 +65,23 @@ impl LeaseProvider for MysqlProvider {
         let owner = OwnerId::random();
         let holder = lease_api::holder();
         let sent_at = Instant::now();
+        let owner_hex = owner.to_hex();
+        let flight = Flight::new(self, &self.inner.sql.acquire, key.as_str(), &owner_hex);
         let done = self
             .bounded("acquire", async {
-                statement!(self, |c| sqlx::query(&self.inner.sql.acquire)
-                    .bind(self.inner.namespace.as_bytes())
-                    .bind(key.as_str().as_bytes())
-                    .bind(owner.to_hex())
-                    .bind(micros(ttl))
-                    .bind(holder.as_bytes())
-                    .execute(c))
+                statement!(self, checkout c => {
+                    flight.sent(c.session());
+                    let r = sqlx::query(&self.inner.sql.acquire)
+                        .bind(self.inner.namespace.as_bytes())
+                        .bind(key.as_str().as_bytes())
+                        .bind(&owner_hex)
+                        .bind(micros(ttl))
+                        .bind(holder.as_bytes())
+                        .execute(c.conn())
+                        .await;
+                    flight.answered(&r);
+                    r
+                })
             })
             .await?;
         // One answer says who won and, for a loser, the holder's time
@@ -112,6 +127,13 @@ impl LeaseProvider for MysqlProvider {
 
     fn batch_limit(&self) -> usize {
         crate::multi::BATCH
+    }
+
+    async fn flush(&self, limit: Duration) {
+        let tracker = &self.inner.cleanups;
+        tracker.close();
+        let _ = tokio::time::timeout(limit, tracker.wait()).await;
+        tracker.reopen();
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {

@@ -42,6 +42,8 @@ pub(crate) struct Inner {
     pub(crate) display: String,
     /// Whether the server runs Galera, asked once.
     pub(crate) galera: OnceCell<bool>,
+    /// Cancels of acquires that had no answer (`orphans.rs`).
+    pub(crate) cleanups: tokio_util::task::TaskTracker,
 }
 
 /// Leases in a MySQL or MariaDB table, timed by the database clock.
@@ -187,6 +189,7 @@ impl MysqlProvider {
                 caps: ProbedCapabilities::new(base),
                 display,
                 galera: OnceCell::new(),
+                cleanups: tokio_util::task::TaskTracker::new(),
             }),
         })
     }

@@ -21,6 +21,10 @@ pub(crate) struct Statements {
     pub acquire: String,
     pub extend: String,
     pub release: String,
+    /// Releases what an acquire without an answer may have won: key and
+    /// owner, whatever the expiry (a row of ours that ran out and was not
+    /// taken since holds nobody either way).
+    pub release_owned: String,
     pub inspect: String,
     pub state: String,
     pub fence: String,
@@ -80,6 +84,10 @@ impl Statements {
             release: format!(
                 "UPDATE {t} SET owner = NULL, expires_at = NULL, holder = NULL
                   WHERE namespace = ? AND k = ? AND owner = ? AND token = ? AND expires_at > {now}"
+            ),
+            release_owned: format!(
+                "UPDATE {t} SET owner = NULL, expires_at = NULL, holder = NULL
+                  WHERE namespace = ? AND k = ? AND owner = ?"
             ),
             inspect: format!(
                 "SELECT token, owner, {remaining}, holder FROM {t}

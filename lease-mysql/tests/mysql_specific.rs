@@ -213,11 +213,13 @@ async fn fenced_transactions_hold_off_a_takeover_until_they_end() {
     other.release(&taken).await.unwrap();
 }
 
-/// An acquire the client gave up on does not commit later: the server ends
-/// it at the same limit (MariaDB's `max_statement_time`). The row is locked
-/// by another transaction past the client's limit and freed before InnoDB's
-/// lock wait (1 s) would end the statement; without the server-side limit
-/// the acquire would then commit a lease nobody holds.
+/// An acquire the client gave up on leaves no lease: the row is locked by
+/// another transaction past the client's limit and freed as soon as the
+/// client has given up, before InnoDB's lock wait (1 s) would end the
+/// statement. The server's own limit (MariaDB's `max_statement_time`)
+/// counts from the statement's arrival, a little after the client's timer,
+/// so the statement may still commit then; the provider's cancel releases
+/// that lease (see `behind_a_proxy` for the gap made wide).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_given_up_on_does_not_commit_later() {
     let ns = unique("late");
@@ -248,13 +250,7 @@ async fn an_acquire_given_up_on_does_not_commit_later() {
         .unwrap();
     let (k, q) = (key.clone(), p.clone());
     let attempt = tokio::spawn(async move { q.try_acquire(&k, TTL).await });
-    // The client gives up first (had the attempt started late, a rollback at
-    // a fixed time could free the row too early); the server's limit, which
-    // started when the statement arrived, a little after the client's timer,
-    // ends the statement soon after. The row is freed then, still before
-    // InnoDB's 1 s lock wait would have ended it.
     let answer = attempt.await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
     sqlx::query("ROLLBACK").execute(&mut blocker).await.unwrap();
     assert!(
         matches!(
@@ -264,6 +260,7 @@ async fn an_acquire_given_up_on_does_not_commit_later() {
         "{answer:?}"
     );
     tokio::time::sleep(Duration::from_millis(1500)).await;
+    p.flush(Duration::from_secs(10)).await;
     assert!(
         p.inspect(&key).await.unwrap().is_none(),
         "the acquire the client gave up on committed a lease"
@@ -403,4 +400,138 @@ async fn one_answer_says_who_won_and_how_long_the_holder_has() {
         2,
         "a released row's token grows by one"
     );
+}
+
+/// A private server, a fault proxy in front of it, a provider through the
+/// proxy and one straight to the server, both in namespace `ns`.
+async fn behind_a_proxy(
+    ns: &str,
+) -> (
+    OwnedProcess,
+    lease_testkit::Proxy,
+    MysqlProvider,
+    MysqlProvider,
+) {
+    let server = owned_mysql(&[]);
+    let proxy = lease_testkit::Proxy::start(server.port()).await;
+    let through = MysqlProvider::new(
+        MysqlConfig::new(format!("mysql://root@127.0.0.1:{}/lease", proxy.port()))
+            .namespace(ns)
+            .timeouts(TIMEOUT, TIMEOUT),
+    )
+    .unwrap();
+    let direct = MysqlProvider::new(
+        MysqlConfig::new(url(&server))
+            .namespace(ns)
+            .timeouts(TIMEOUT, TIMEOUT),
+    )
+    .unwrap();
+    (server, proxy, through, direct)
+}
+
+/// Takes and gives back a lease through `p`: the table is made and a
+/// connection used within the last second, so the next acquire is one
+/// statement on the wire.
+async fn warm(p: &MysqlProvider) {
+    let k = LeaseKey::new("warm").unwrap();
+    let l = p.try_acquire(&k, TTL).await.unwrap().into_lease().unwrap();
+    p.release(&l).await.unwrap();
+}
+
+/// An acquire whose statement reaches the server late (every request is
+/// held 600 ms on its way) gives up at the response timeout, counted from
+/// before it was sent, while the server's limits count from its arrival.
+/// The row it waits on is freed in between, so the statement commits a
+/// lease nobody holds. The provider kills the session the statement was
+/// sent on, then releases what it won: a waiter gets the key long before
+/// the lease's 30 s TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_the_client_gave_up_on_that_commits_late_is_released() {
+    let ns = unique("late-commit");
+    let (server, proxy, p, direct) = behind_a_proxy(&ns).await;
+    let key = LeaseKey::new("late").unwrap();
+    let first = direct
+        .try_acquire(&key, TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    direct.release(&first).await.unwrap();
+    let mut blocker = sqlx::MySqlConnection::connect(&url(&server)).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut blocker).await.unwrap();
+    sqlx::query("SELECT 1 FROM lease_leases WHERE namespace = ? AND k = ? FOR UPDATE")
+        .bind(ns.as_bytes())
+        .bind(b"late".as_slice())
+        .execute(&mut blocker)
+        .await
+        .unwrap();
+    warm(&p).await;
+    proxy.delay_requests(Duration::from_millis(600));
+    let err = p.try_acquire(&key, TTL).await.unwrap_err();
+    assert!(matches!(err, LeaseError::Timeout { .. }), "{err:?}");
+    // The client gave up (800 ms); the server's limits run past 1.4 s.
+    sqlx::query("ROLLBACK").execute(&mut blocker).await.unwrap();
+    let seen = Instant::now();
+    let late = loop {
+        if let Some(info) = direct.inspect(&key).await.unwrap() {
+            break info;
+        }
+        assert!(
+            seen.elapsed() < Duration::from_secs(2),
+            "the late statement never committed: this case tests nothing"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(late.token > first.token(), "{late:?}");
+    // A network that slow would time the cancel's own connection out too.
+    proxy.delay_requests(Duration::ZERO);
+    let direct: Arc<dyn LeaseProvider> = Arc::new(direct);
+    let started = Instant::now();
+    let got = lease_api::acquire(
+        &direct,
+        &key,
+        lease_api::AcquireOptions::ttl(TTL).wait(Duration::from_secs(25)),
+    )
+    .await
+    .unwrap()
+    .expect("the key came free");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the late lease held the key for {:?}",
+        started.elapsed()
+    );
+    assert!(got.token() > late.token);
+    direct.release(&got).await.unwrap();
+    p.flush(Duration::from_secs(10)).await;
+}
+
+/// An acquire still on its way when the client gave up (every request is
+/// held 2 s in the network, and the key is free) would run in full on
+/// arrival, a lease nobody holds. The provider kills the server session it
+/// was sent on, so when the statement arrives nobody runs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_still_on_its_way_when_the_client_gave_up_never_runs() {
+    let ns = unique("on-its-way");
+    let (_server, proxy, p, direct) = behind_a_proxy(&ns).await;
+    let key = LeaseKey::new("on-its-way").unwrap();
+    warm(&p).await;
+    let held_for = Duration::from_secs(2);
+    proxy.delay_requests(held_for);
+    let sent = Instant::now();
+    let err = p.try_acquire(&key, TTL).await.unwrap_err();
+    assert!(matches!(err, LeaseError::Timeout { .. }), "{err:?}");
+    // Requests sent from now on pass at once: the cancel's own.
+    proxy.delay_requests(Duration::ZERO);
+    p.flush(Duration::from_secs(10)).await;
+    assert!(
+        sent.elapsed() < held_for,
+        "the cancel ended after the statement arrived ({:?}): this case tests nothing",
+        sent.elapsed()
+    );
+    // Past the statement's arrival, and past its run had it run.
+    while sent.elapsed() < held_for + Duration::from_secs(1) {
+        let now = direct.inspect(&key).await.unwrap();
+        assert!(now.is_none(), "the acquire ran on arrival: {now:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
