@@ -9,7 +9,7 @@ use lease_api::{FencingToken, Lease, LeaseError, LeaseKey, LeaseProvider, Result
 use sqlx::Row;
 use tokio::time::Instant;
 
-use crate::orphans::Flight;
+use crate::orphans::{Flight, Wins};
 use crate::provider::{PostgresProvider, from_micros, micros};
 
 /// How often a set is tried again after a concurrent commit inserted one of
@@ -45,7 +45,14 @@ impl PostgresProvider {
             let owners: Vec<OwnerId> = keys.iter().map(|_| OwnerId::random()).collect();
             let owner_hex: Vec<String> = owners.iter().map(|o| o.to_hex()).collect();
             let sent_at = Instant::now();
-            let flight = Flight::new(self, &self.inner.sql.acquire_all, &names, &owner_hex);
+            let flight = Flight::new(
+                self,
+                &self.inner.sql.acquire_all,
+                Wins::Plain {
+                    keys: &names,
+                    owners: &owner_hex,
+                },
+            );
             let answer = self
                 .bounded("acquire_all", async {
                     let mut c = self.inner.conns.checkout().await?;

@@ -12,7 +12,7 @@ use lease_api::{
 use sqlx::Row;
 use tokio::time::Instant;
 
-use crate::orphans::Flight;
+use crate::orphans::{Flight, Wins};
 use crate::provider::{PostgresProvider, from_micros, in_runtime, micros, token_i64};
 use crate::sql::payload;
 
@@ -33,7 +33,14 @@ impl LeaseProvider for PostgresProvider {
         let holder = lease_api::holder();
         let sent_at = Instant::now();
         let (keys, owners) = ([key.as_str()], [owner.to_hex()]);
-        let flight = Flight::new(self, &self.inner.sql.acquire, &keys, &owners);
+        let flight = Flight::new(
+            self,
+            &self.inner.sql.acquire,
+            Wins::Plain {
+                keys: &keys,
+                owners: &owners,
+            },
+        );
         let row = self
             .bounded("acquire", async {
                 let mut c = self.inner.conns.checkout().await?;

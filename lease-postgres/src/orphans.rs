@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use crate::PostgresProvider;
 use crate::conns::Session;
+use crate::sql::rw_payload;
 use lease_api::backend::deadline_in;
 
 /// How long a cancel keeps trying while the store does not answer. A cancel
@@ -35,26 +36,51 @@ pub(crate) struct Flight<'a> {
     provider: &'a PostgresProvider,
     /// The statement's text, to tell it on the server.
     statement: &'a str,
-    /// The keys the statement may win, each with the owner it would write.
-    keys: &'a [&'a str],
-    owners: &'a [String],
+    wins: Wins<'a>,
     sent: Mutex<Option<Session>>,
 }
 
-impl<'a> Flight<'a> {
-    /// An acquire of `keys` for `owners` (one owner per key) by `statement`,
-    /// not sent yet.
-    pub(crate) fn new(
-        provider: &'a PostgresProvider,
-        statement: &'a str,
+/// What an acquire statement may win.
+#[derive(Clone, Copy)]
+pub(crate) enum Wins<'a> {
+    /// Plain leases: each key with the owner it would write.
+    Plain {
         keys: &'a [&'a str],
         owners: &'a [String],
-    ) -> Self {
+    },
+    /// A reader's place on a key's read/write row.
+    Reader { key: &'a str, owner: &'a str },
+    /// The writer's place on a key's read/write row.
+    Writer { key: &'a str, owner: &'a str },
+}
+
+/// [`Wins`], owned by the cancel.
+enum Won {
+    Plain(Vec<String>, Vec<String>),
+    Reader(String, String),
+    Writer(String, String),
+}
+
+impl From<Wins<'_>> for Won {
+    fn from(w: Wins<'_>) -> Self {
+        match w {
+            Wins::Plain { keys, owners } => Won::Plain(
+                keys.iter().map(|k| (*k).to_owned()).collect(),
+                owners.to_vec(),
+            ),
+            Wins::Reader { key, owner } => Won::Reader(key.to_owned(), owner.to_owned()),
+            Wins::Writer { key, owner } => Won::Writer(key.to_owned(), owner.to_owned()),
+        }
+    }
+}
+
+impl<'a> Flight<'a> {
+    /// An acquire by `statement` that may win `wins`, not sent yet.
+    pub(crate) fn new(provider: &'a PostgresProvider, statement: &'a str, wins: Wins<'a>) -> Self {
         Flight {
             provider,
             statement,
-            keys,
-            owners,
+            wins,
             sent: Mutex::new(None),
         }
     }
@@ -87,11 +113,10 @@ impl Drop for Flight<'_> {
             return;
         };
         let provider = self.provider.clone();
-        let keys: Vec<String> = self.keys.iter().map(|k| (*k).to_owned()).collect();
-        let owners = self.owners.to_vec();
+        let won = Won::from(self.wins);
         let statement = self.statement.to_owned();
         self.provider.inner.cleanups.spawn_on(
-            async move { provider.cancel(session, statement, keys, owners).await },
+            async move { provider.cancel(session, statement, won).await },
             &runtime,
         );
     }
@@ -100,20 +125,11 @@ impl Drop for Flight<'_> {
 impl PostgresProvider {
     /// Ends `session` and waits until it has gone, then releases what the
     /// acquire sent on it won. Tries again while the store does not answer.
-    async fn cancel(
-        &self,
-        session: Session,
-        statement: String,
-        keys: Vec<String>,
-        owners: Vec<String>,
-    ) {
+    async fn cancel(&self, session: Session, statement: String, won: Won) {
         let give_up = deadline_in(CANCEL_RETRY_FOR);
         let mut backoff = Duration::from_millis(100);
         loop {
-            match self
-                .end_then_release(session, &statement, &keys, &owners)
-                .await
-            {
+            match self.end_then_release(session, &statement, &won).await {
                 Ok(released) => {
                     for key in released {
                         tracing::info!(server = %self.inner.display, key, "released the lease of an acquire that had no answer");
@@ -137,8 +153,7 @@ impl PostgresProvider {
         &self,
         session: Session,
         statement: &str,
-        keys: &[String],
-        owners: &[String],
+        won: &Won,
     ) -> lease_api::Result<Vec<String>> {
         // Signalled again on each look: a session in the middle of a commit
         // ends once the commit is done. Only while it is idle (the statement
@@ -164,20 +179,39 @@ impl PostgresProvider {
             }
             tokio::time::sleep(GONE_POLL).await;
         }
-        let released = self
-            .bounded("cancel", async {
-                let mut c = self.inner.conns.checkout().await?;
-                let r = sqlx::query_scalar::<_, String>(&self.inner.sql.release_owned)
-                    .bind(&self.inner.namespace)
-                    .bind(keys)
-                    .bind(owners)
-                    .bind(&self.inner.sql.channel)
-                    .fetch_all(c.conn())
-                    .await;
-                c.done(&r);
-                r
-            })
-            .await?;
-        Ok(released)
+        self.bounded("cancel", async {
+            let mut c = self.inner.conns.checkout().await?;
+            let ns = &self.inner.namespace;
+            let channel = &self.inner.sql.channel;
+            let r = match won {
+                Won::Plain(keys, owners) => {
+                    sqlx::query_scalar::<_, String>(&self.inner.sql.release_owned)
+                        .bind(ns)
+                        .bind(keys)
+                        .bind(owners)
+                        .bind(channel)
+                        .fetch_all(c.conn())
+                        .await
+                }
+                Won::Reader(key, owner) | Won::Writer(key, owner) => {
+                    let sql = match won {
+                        Won::Reader(..) => &self.inner.sql.rw.release_reader_owned,
+                        _ => &self.inner.sql.rw.release_writer_owned,
+                    };
+                    sqlx::query(sql)
+                        .bind(ns)
+                        .bind(key)
+                        .bind(owner)
+                        .bind(channel)
+                        .bind(rw_payload(ns, key))
+                        .fetch_optional(c.conn())
+                        .await
+                        .map(|gone| gone.map(|_| key.clone()).into_iter().collect())
+                }
+            };
+            c.done(&r);
+            r
+        })
+        .await
     }
 }

@@ -11,14 +11,9 @@ use lease_api::{
 use sqlx::Row;
 use tokio::time::Instant;
 
+use crate::orphans::{Flight, Wins};
 use crate::provider::{PostgresProvider, from_micros, micros, token_i64};
-use crate::sql::payload;
-
-/// The NOTIFY payload of a key's read/write lease: `w` first, where a plain
-/// key's payload starts with a digit and a ticket's with `q`.
-fn rw_payload(namespace: &str, key: &str) -> String {
-    format!("w{}", payload(namespace, key))
-}
+use crate::sql::rw_payload;
 
 fn token(n: i64) -> Result<FencingToken> {
     u64::try_from(n)
@@ -44,18 +39,34 @@ impl PostgresProvider {
         (owner, ttl, waiting): (OwnerId, Duration, Option<&str>),
     ) -> Result<Taken> {
         let holder = lease_api::holder();
+        let owner_hex = owner.to_hex();
+        let (key_str, owner_str) = (key.as_str(), owner_hex.as_str());
+        let wins = if waiting.is_none() {
+            Wins::Reader {
+                key: key_str,
+                owner: owner_str,
+            }
+        } else {
+            Wins::Writer {
+                key: key_str,
+                owner: owner_str,
+            }
+        };
+        let flight = Flight::new(self, statement, wins);
         self.bounded(what, async {
             let mut c = self.inner.conns.checkout().await?;
+            flight.sent(c.session());
             let mut q = sqlx::query(statement)
                 .bind(&self.inner.namespace)
                 .bind(key.as_str())
-                .bind(owner.to_hex())
+                .bind(owner_str)
                 .bind(micros(ttl))
                 .bind(&*holder);
             if let Some(w) = waiting {
                 q = q.bind(w);
             }
             let r = q.fetch_one(c.conn()).await;
+            flight.answered(&r);
             c.done(&r);
             let row = r?;
             let epoch = if waiting.is_none() {

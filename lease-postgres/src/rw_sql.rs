@@ -24,6 +24,11 @@ pub(crate) struct RwStatements {
     pub extend_reader: String,
     pub release_writer: String,
     pub release_reader: String,
+    /// The reader `$3` an acquire without an answer may have made, whatever
+    /// its expiry; notifies `$5` on channel `$4`.
+    pub release_reader_owned: String,
+    /// The writer `$3` an acquire without an answer may have made, likewise.
+    pub release_writer_owned: String,
     pub withdraw: String,
     pub inspect: String,
     pub purge: String,
@@ -134,6 +139,20 @@ impl RwStatements {
                     RETURNING 1
                  )
                  SELECT pg_notify($5, $6) FROM gone"
+            ),
+            release_reader_owned: format!(
+                "WITH gone AS (
+                    UPDATE {t} SET readers = readers - $3::text WHERE {key} AND readers ? $3::text
+                    RETURNING 1
+                 )
+                 SELECT pg_notify($4, $5) FROM gone"
+            ),
+            release_writer_owned: format!(
+                "WITH gone AS (
+                    UPDATE {t} SET writer = NULL WHERE {key} AND writer->>'o' = $3
+                    RETURNING 1
+                 )
+                 SELECT pg_notify($4, $5) FROM gone"
             ),
             // $3 waiting writer's id, $4 channel, $5 payload.
             withdraw: format!(

@@ -373,6 +373,12 @@ pub(crate) fn payload(namespace: &str, key: &str) -> String {
     format!("{}:{namespace}{key}", namespace.len())
 }
 
+/// The NOTIFY payload of a key's read/write lease: `w` first, where a plain
+/// key's payload starts with a digit and a ticket's with `q`.
+pub(crate) fn rw_payload(namespace: &str, key: &str) -> String {
+    format!("w{}", payload(namespace, key))
+}
+
 /// The NOTIFY payload announcing that ticket `seq` of a key left its queue:
 /// `q` first, where a key's payload starts with a digit.
 pub(crate) fn ticket_payload(namespace: &str, key: &str, seq: u64) -> String {

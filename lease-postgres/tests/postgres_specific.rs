@@ -928,79 +928,148 @@ async fn joins_work_on_a_waiters_table_without_the_mark_index() {
     .unwrap();
 }
 
+/// Which acquire a late-commit case makes.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Plain,
+    Reader,
+    Writer,
+}
+
+impl Kind {
+    async fn try_acquire(
+        self,
+        p: &PostgresProvider,
+        key: &LeaseKey,
+        ttl: Duration,
+    ) -> Result<lease_api::TryAcquire, LeaseError> {
+        match self {
+            Kind::Plain => p.try_acquire(key, ttl).await,
+            Kind::Reader => p.try_acquire_read(key, ttl).await,
+            Kind::Writer => p.try_acquire_write(key, ttl, None).await,
+        }
+    }
+
+    /// The token of the lease of this kind on `key`, if one is held.
+    async fn held(self, p: &PostgresProvider, key: &LeaseKey) -> Option<u64> {
+        match self {
+            Kind::Plain => p.inspect(key).await.unwrap().map(|i| i.token.get()),
+            Kind::Reader => {
+                let rw = p.inspect_rw(key).await.unwrap();
+                rw.readers.first().map(|i| i.token.get())
+            }
+            Kind::Writer => {
+                let rw = p.inspect_rw(key).await.unwrap();
+                rw.writer.map(|i| i.token.get())
+            }
+        }
+    }
+
+    fn table(self) -> &'static str {
+        match self {
+            Kind::Plain => "lease_leases",
+            Kind::Reader | Kind::Writer => "lease_leases_rw",
+        }
+    }
+}
+
 /// An acquire whose statement reaches the server late (here every request
 /// is held 600 ms on its way) gives up at the response timeout, counted from
 /// before it was sent, while the server's statement limit counts from its
-/// arrival. The row it waits on (under an open fenced transaction) is freed
-/// in between, so the statement commits a lease nobody holds. The provider
-/// ends the session the statement was sent on, then releases what it won
-/// and tells the key's waiters: a waiter gets the key long before the
-/// lease's 30 s TTL, and the store keeps no lease of the acquire.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_acquire_the_client_gave_up_on_that_commits_late_is_released() {
+/// arrival. The row it waits on (locked by another transaction) is freed in
+/// between, so the statement commits a lease nobody holds. The provider ends
+/// the session the statement was sent on, then releases what it won and
+/// tells the key's waiters: a waiter (a writer on read/write keys, which
+/// readers keep out too) gets the key long before the lease's 30 s TTL.
+async fn a_late_commit_is_released(kind: Kind) {
     let (server, proxy, p) = behind_a_proxy().await;
     let direct = Arc::new(
         PostgresProvider::new(PostgresConfig::new(url(&server)).timeouts(TIMEOUT, TIMEOUT))
             .unwrap(),
     );
     let key = LeaseKey::new("late").unwrap();
-    let short = direct
-        .capabilities()
-        .practical_ttl(Duration::from_millis(200));
-    let old = direct
-        .try_acquire(&key, short)
+    let first = kind
+        .try_acquire(&direct, &key, TTL)
         .await
         .unwrap()
         .into_lease()
         .unwrap();
-    let tx = direct.begin_fenced(&old).await.unwrap();
-    tokio::time::sleep(short + Duration::from_millis(100)).await;
-    // Warm (the table checked, a connection used within the last second),
+    direct.release(&first).await.unwrap();
+    let mut blocker = <sqlx::PgConnection as sqlx::Connection>::connect(&url(&server))
+        .await
+        .unwrap();
+    sqlx::query("BEGIN").execute(&mut blocker).await.unwrap();
+    sqlx::query(&format!(
+        "SELECT 1 FROM {} WHERE namespace = $1 AND key = $2 FOR UPDATE",
+        kind.table()
+    ))
+    .bind(direct.namespace())
+    .bind(key.as_str())
+    .execute(&mut blocker)
+    .await
+    .unwrap();
+    // Warm (the tables checked, a connection used within the last second),
     // so the acquire is one statement on the wire.
     let warm = LeaseKey::new("warm").unwrap();
-    let l = p
-        .try_acquire(&warm, TTL)
+    let l = kind
+        .try_acquire(&p, &warm, TTL)
         .await
         .unwrap()
         .into_lease()
         .unwrap();
     p.release(&l).await.unwrap();
     proxy.delay_requests(Duration::from_millis(600));
-    let err = p.try_acquire(&key, TTL).await.unwrap_err();
-    assert!(matches!(err, LeaseError::Timeout { .. }), "{err:?}");
+    let err = kind.try_acquire(&p, &key, TTL).await.unwrap_err();
+    assert!(
+        matches!(err, LeaseError::Timeout { .. }),
+        "{kind:?}: {err:?}"
+    );
     // The client gave up (800 ms); the server's limit runs to 1.4 s.
-    drop(tx);
+    sqlx::query("ROLLBACK").execute(&mut blocker).await.unwrap();
     let seen = Instant::now();
     let late = loop {
-        if let Some(info) = direct.inspect(&key).await.unwrap() {
-            break info;
+        if let Some(token) = kind.held(&direct, &key).await {
+            break token;
         }
         assert!(
             seen.elapsed() < Duration::from_secs(2),
-            "the late statement never committed: this case tests nothing"
+            "{kind:?}: the late statement never committed: this case tests nothing"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
-    assert!(late.token > old.token(), "{late:?}");
+    assert!(late > first.token().get(), "{kind:?}: {late}");
     // A network that slow would time the cancel's own connection out too.
     proxy.delay_requests(Duration::ZERO);
     let started = Instant::now();
-    let got = acquire(
-        &direct,
-        &key,
-        AcquireOptions::ttl(TTL).wait(Duration::from_secs(25)),
-    )
-    .await
+    let options = AcquireOptions::ttl(TTL).wait(Duration::from_secs(25));
+    let got = match kind {
+        Kind::Plain => acquire(&direct, &key, options).await,
+        Kind::Reader | Kind::Writer => lease_api::acquire_write(&direct, &key, options).await,
+    }
     .unwrap()
     .expect("the key came free");
     assert!(
         started.elapsed() < Duration::from_secs(10),
-        "the late lease held the key for {:?}",
+        "{kind:?}: the late lease held the key for {:?}",
         started.elapsed()
     );
-    assert!(got.token() > late.token);
     direct.release(&got).await.unwrap();
     p.flush(Duration::from_secs(10)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_the_client_gave_up_on_that_commits_late_is_released() {
+    a_late_commit_is_released(Kind::Plain).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_acquire_the_client_gave_up_on_that_commits_late_is_released() {
+    a_late_commit_is_released(Kind::Reader).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_acquire_the_client_gave_up_on_that_commits_late_is_released() {
+    a_late_commit_is_released(Kind::Writer).await;
 }
 
 /// An acquire still on its way when the client gave up (every request is
