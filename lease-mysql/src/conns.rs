@@ -154,15 +154,7 @@ impl Checkout<'_> {
     pub(crate) fn done<T>(self, result: &Result<T, sqlx::Error>) {
         let keep = match result {
             Ok(_) => true,
-            // 1927 connection killed, 1053 server shutdown, 2006/2013 gone,
-            // 1969 statement time exceeded (the session lives, but the
-            // answer was an interruption: start clean), 1047 a Galera node
-            // outside the primary component (the next connection moves on).
-            Err(e @ sqlx::Error::Database(_)) => !matches!(
-                crate::error::error_number(e),
-                Some(1927 | 1053 | 2006 | 2013 | 1969 | 1047 | 1290 | 1836 | 4031)
-            ),
-            Err(_) => false,
+            Err(e) => in_step(e),
         };
         let Checkout { mut slot, mut open } = self;
         if keep {
@@ -172,6 +164,22 @@ impl Checkout<'_> {
     }
 }
 
+/// Whether the connection is still in step after `e`: an ordinary error
+/// from the server, which undid the statement and leaves the session as it
+/// was. Not after 1927 (connection killed), 1053 (server shutdown),
+/// 2006/2013 (gone), 1969 (statement time exceeded: the session lives, but
+/// the answer was an interruption, so start clean), 1047 (a Galera node
+/// outside the primary component: the next connection moves on), 1290,
+/// 1836 or 4031 (read-only, or the session timed out); nor after any
+/// client-side error.
+pub(crate) fn in_step(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(_))
+        && !matches!(
+            crate::error::error_number(e),
+            Some(1927 | 1053 | 2006 | 2013 | 1969 | 1047 | 1290 | 1836 | 4031)
+        )
+}
+
 /// One server session: its connection id (never given again by a running
 /// server) and the server's name (ids are per server; nodes of a cluster
 /// hand out the same ones).
@@ -179,6 +187,9 @@ impl Checkout<'_> {
 pub(crate) struct Session {
     pub(crate) id: u64,
     pub(crate) server: String,
+    /// The client's address as the server sees it (`host:port` over TCP):
+    /// a session given the same id after a restart has another port.
+    pub(crate) client: Option<String>,
 }
 
 /// The server's name, as [`Session::server`] holds it.
@@ -187,10 +198,12 @@ pub(crate) const SERVER_NAME: &str = "CONCAT(@@hostname, ':', @@port, ':', @@ser
 impl Session {
     /// The session `conn` talks to.
     pub(crate) async fn of(conn: &mut MySqlConnection) -> Result<Self, sqlx::Error> {
-        let (id, server) =
-            sqlx::query_as::<_, (u64, String)>(&format!("SELECT CONNECTION_ID(), {SERVER_NAME}"))
-                .fetch_one(conn)
-                .await?;
-        Ok(Session { id, server })
+        let (id, server, client) = sqlx::query_as::<_, (u64, String, Option<String>)>(&format!(
+            "SELECT CONNECTION_ID(), {SERVER_NAME},
+                    (SELECT HOST FROM information_schema.PROCESSLIST WHERE ID = CONNECTION_ID())"
+        ))
+        .fetch_one(conn)
+        .await?;
+        Ok(Session { id, server, client })
     }
 }

@@ -87,6 +87,7 @@ impl LeaseProvider for MysqlProvider {
         // One answer says who won and, for a loser, the holder's time
         // left (see `sql::WON`).
         let id = done.last_insert_id();
+        flight.settled();
         if done.rows_affected() == 2 || (done.rows_affected() == 1 && id == 1) {
             return Ok(TryAcquire::Acquired(
                 Lease::new(key.clone(), token(id), owner, ttl, sent_at).with_holder(holder),

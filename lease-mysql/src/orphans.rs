@@ -12,7 +12,15 @@
 //! its connection broken mid-statement) is cancelled in the background: the
 //! server session it was sent on is killed and awaited, since once that
 //! session is gone its statement has committed or never will; then whatever
-//! the acquire won is released.
+//! the acquire won is released. An acquire whose answer came but never
+//! reached its caller (the answer could not be read) releases what it won
+//! too, without a kill.
+//!
+//! A session is told by its connection id, the server's name and the
+//! client's address, and killed only from a connection to the same server,
+//! only while it sleeps (the statement still on its way) or runs the
+//! statement: behind a pooler that shares server sessions between clients,
+//! one that runs something else is no longer ours.
 
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
@@ -20,34 +28,48 @@ use std::time::Duration;
 use lease_api::backend::deadline_in;
 
 use crate::MysqlProvider;
-use crate::conns::{SERVER_NAME, Session};
+use crate::conns::{SERVER_NAME, Session, in_step};
 
-/// How long a cancel keeps trying while the store does not answer. A cancel
-/// that gives up leaves at most one lease, which runs out by its TTL.
+/// How long a cancel keeps trying while the store does not answer, or the
+/// session does not go. A cancel that gives up leaves at most one lease,
+/// which runs out by its TTL.
 const CANCEL_RETRY_FOR: Duration = Duration::from_secs(600);
 
-/// How often a cancel looks whether the killed session has gone.
+/// The first wait between looks at whether a killed session has gone; it
+/// doubles up to a second.
 const GONE_POLL: Duration = Duration::from_millis(20);
 
-/// An acquire statement on its way: the session it was sent on, until the
-/// server answered. Dropped while it has no answer, it cancels the acquire
-/// in the background (see the module docs).
+/// An acquire statement on its way. Dropped before its caller has the
+/// answer, it cancels the acquire in the background (see the module docs).
 pub(crate) struct Flight<'a> {
     provider: &'a MysqlProvider,
     /// The statement's text, to tell it on the server.
     statement: &'a str,
     key: &'a str,
     owner: &'a str,
-    sent: Mutex<Option<Session>>,
+    stage: Mutex<Stage>,
+}
+
+/// Where an acquire statement stands.
+#[derive(Clone, Debug)]
+enum Stage {
+    /// Not sent, or settled: the caller has the answer, or the statement
+    /// was undone (the server answered with an error).
+    Quiet,
+    /// Sent on this session, no answer yet: its outcome is unknown.
+    Sent(Session),
+    /// Answered, not yet handed to the caller.
+    Answered,
 }
 
 /// Where the session an acquire was sent on stands, seen from a connection.
 enum Standing {
-    /// Gone, or serving other statements (behind a pooler): nothing of the
+    /// Gone, or running something else (behind a pooler): nothing of the
     /// acquire can still run on it.
     Over,
-    /// Idle (the statement still on its way) or running the statement.
-    Ours,
+    /// Sleeping (the statement still on its way) or running the statement:
+    /// killed by this look.
+    Killed,
     /// On another server than this connection's: it cannot be seen from here.
     Elsewhere,
 }
@@ -65,38 +87,45 @@ impl<'a> Flight<'a> {
             statement,
             key,
             owner,
-            sent: Mutex::new(None),
+            stage: Mutex::new(Stage::Quiet),
         }
+    }
+
+    fn set(&self, stage: Stage) {
+        *self.stage.lock().unwrap_or_else(PoisonError::into_inner) = stage;
     }
 
     /// The statement is about to be sent on `session`.
     pub(crate) fn sent(&self, session: &Session) {
-        *self.sent.lock().unwrap_or_else(PoisonError::into_inner) = Some(session.clone());
+        self.set(Stage::Sent(session.clone()));
     }
 
-    /// The statement ended with `result`. Its outcome is known when the server
-    /// answered, with rows or with an error (which undid it); an I/O or
-    /// protocol error leaves it unknown, and the acquire is cancelled.
+    /// The statement ended with `result`. With an answer, it is answered;
+    /// with an ordinary error from the server, it was undone. Anything else
+    /// (an I/O error, the session killed or timed out) leaves its outcome
+    /// unknown, as a timeout does.
     pub(crate) fn answered<T>(&self, result: &Result<T, sqlx::Error>) {
-        let settled = match result {
-            Ok(_) => true,
-            // 2006/2013: the server went away, not an answer.
-            Err(e @ sqlx::Error::Database(_)) => {
-                !matches!(crate::error::error_number(e), Some(2006 | 2013))
-            }
-            Err(_) => false,
-        };
-        if settled {
-            *self.sent.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        match result {
+            Ok(_) => self.set(Stage::Answered),
+            Err(e) if in_step(e) => self.set(Stage::Quiet),
+            Err(_) => {}
         }
+    }
+
+    /// The caller has the answer: nothing to cancel. Called last, just
+    /// before the acquire returns it.
+    pub(crate) fn settled(&self) {
+        self.set(Stage::Quiet);
     }
 }
 
 impl Drop for Flight<'_> {
     fn drop(&mut self) {
-        let sent = self.sent.get_mut().unwrap_or_else(PoisonError::into_inner);
-        let Some(session) = sent.take() else {
-            return;
+        let stage = self.stage.get_mut().unwrap_or_else(PoisonError::into_inner);
+        let session = match std::mem::replace(stage, Stage::Quiet) {
+            Stage::Quiet => return,
+            Stage::Sent(session) => Some(session),
+            Stage::Answered => None,
         };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(
@@ -117,15 +146,35 @@ impl Drop for Flight<'_> {
     }
 }
 
+/// Whether `info` (a session's statement, as the process list shows it) is
+/// `statement`: the same text, or, where the server shows a prepared
+/// statement with its values in place, the same text up to its first value.
+fn same_statement(info: &str, statement: &str) -> bool {
+    info == statement
+        || statement
+            .split_once('?')
+            .is_some_and(|(head, _)| !head.is_empty() && info.starts_with(head))
+}
+
 impl MysqlProvider {
-    /// Kills `session` and waits until it has gone, then releases what the
-    /// acquire sent on it won. Tries again while the store does not answer.
-    async fn cancel(&self, session: Session, statement: String, key: String, owner: String) {
+    /// Kills `session` (when the statement's outcome is unknown) and waits
+    /// until it has gone, then releases what the acquire won. Tries again
+    /// while the store does not answer.
+    async fn cancel(
+        &self,
+        session: Option<Session>,
+        statement: String,
+        key: String,
+        owner: String,
+    ) {
+        let Ok(_turn) = self.inner.cancel_turns.acquire().await else {
+            return;
+        };
         let give_up = deadline_in(CANCEL_RETRY_FOR);
         let mut backoff = Duration::from_millis(100);
         loop {
             match self
-                .end_then_release(&session, &statement, &key, &owner)
+                .end_then_release(session.as_ref(), &statement, &key, &owner, give_up)
                 .await
             {
                 Ok(released) => {
@@ -149,29 +198,25 @@ impl MysqlProvider {
     /// One try of [`cancel`](Self::cancel): whether a lease was released.
     async fn end_then_release(
         &self,
-        session: &Session,
+        session: Option<&Session>,
         statement: &str,
         key: &str,
         owner: &str,
+        give_up: tokio::time::Instant,
     ) -> lease_api::Result<bool> {
-        loop {
-            match self.standing(session, statement).await? {
+        let mut poll = GONE_POLL;
+        while let Some(session) = session {
+            match self.kill_if_ours(session, statement).await? {
                 Standing::Over => break,
-                Standing::Ours => {
-                    let kill = format!("KILL CONNECTION {}", session.id);
-                    self.bounded("cancel", async {
-                        let mut c = self.inner.conns.checkout().await?;
-                        let r = sqlx::query(&kill).execute(c.conn()).await;
-                        // 1094: no such session, gone meanwhile.
-                        let r = match r {
-                            Err(e) if crate::error::error_number(&e) == Some(1094) => Ok(()),
-                            r => r.map(drop),
-                        };
-                        c.done(&r);
-                        r
-                    })
-                    .await?;
-                    tokio::time::sleep(GONE_POLL).await;
+                Standing::Killed => {
+                    if tokio::time::Instant::now() >= give_up {
+                        return Err(lease_api::LeaseError::timeout(
+                            "cancel (the session did not end)",
+                            CANCEL_RETRY_FOR,
+                        ));
+                    }
+                    tokio::time::sleep(poll).await;
+                    poll = (poll * 2).min(Duration::from_secs(1));
                 }
                 Standing::Elsewhere => {
                     // The statement's own limits end it: MariaDB's statement
@@ -198,34 +243,76 @@ impl MysqlProvider {
         Ok(done.rows_affected() > 0)
     }
 
-    /// Where `session` stands, from one of our connections.
-    async fn standing(&self, session: &Session, statement: &str) -> lease_api::Result<Standing> {
+    /// Looks at `session` and, where it is still ours, kills it, both on
+    /// one connection (so on one server).
+    async fn kill_if_ours(
+        &self,
+        session: &Session,
+        statement: &str,
+    ) -> lease_api::Result<Standing> {
         let look = format!(
             "SELECT {SERVER_NAME} = ?, p.COMMAND, p.INFO
                FROM (SELECT 1) AS one
-               LEFT JOIN information_schema.PROCESSLIST AS p ON p.ID = ?"
+               LEFT JOIN information_schema.PROCESSLIST AS p ON p.ID = ? AND p.HOST <=> ?"
         );
-        let (here, command, info) = self
-            .bounded("cancel", async {
-                let mut c = self.inner.conns.checkout().await?;
-                let r = sqlx::query_as::<_, (i64, Option<String>, Option<String>)>(&look)
-                    .bind(&session.server)
-                    .bind(session.id)
-                    .fetch_one(c.conn())
-                    .await;
-                c.done(&r);
-                r
-            })
-            .await?;
-        Ok(if here == 0 {
-            Standing::Elsewhere
-        } else {
-            match command.as_deref() {
-                None => Standing::Over,
-                Some("Sleep") => Standing::Ours,
-                Some(_) if info.as_deref() == Some(statement) => Standing::Ours,
-                Some(_) => Standing::Over,
-            }
+        let kill = format!("KILL CONNECTION {}", session.id);
+        self.bounded("cancel", async {
+            let mut c = self.inner.conns.checkout().await?;
+            let r = sqlx::query_as::<_, (i64, Option<String>, Option<String>)>(&look)
+                .bind(&session.server)
+                .bind(session.id)
+                .bind(&session.client)
+                .fetch_one(c.conn())
+                .await;
+            let standing = match &r {
+                Err(_) => None,
+                Ok((0, _, _)) => Some(Standing::Elsewhere),
+                Ok((_, None, _)) => Some(Standing::Over),
+                Ok((_, Some(command), info)) => {
+                    let ours = command == "Sleep"
+                        || info
+                            .as_deref()
+                            .is_some_and(|i| same_statement(i, statement));
+                    Some(if ours {
+                        Standing::Killed
+                    } else {
+                        Standing::Over
+                    })
+                }
+            };
+            let r = match (r, standing) {
+                (Ok(_), Some(Standing::Killed)) => {
+                    match sqlx::query(&kill).execute(c.conn()).await {
+                        // 1094: no such session, gone meanwhile.
+                        Err(e) if crate::error::error_number(&e) == Some(1094) => {
+                            Ok(Standing::Over)
+                        }
+                        Err(e) => Err(e),
+                        Ok(_) => Ok(Standing::Killed),
+                    }
+                }
+                (Ok(_), Some(s)) => Ok(s),
+                (Err(e), _) => Err(e),
+                (Ok(_), None) => Ok(Standing::Over),
+            };
+            c.done(&r);
+            r
         })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_statement;
+
+    #[test]
+    fn a_statement_is_known_by_its_text_or_its_text_up_to_its_first_value() {
+        let s = "INSERT INTO t (a, b) VALUES (?, ?)";
+        assert!(same_statement(s, s));
+        assert!(same_statement("INSERT INTO t (a, b) VALUES ('x', 1)", s));
+        assert!(!same_statement("UPDATE t SET a = 1", s));
+        assert!(!same_statement("", s));
+        assert!(!same_statement("anything", "?"));
     }
 }

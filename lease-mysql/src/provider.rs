@@ -44,7 +44,13 @@ pub(crate) struct Inner {
     pub(crate) galera: OnceCell<bool>,
     /// Cancels of acquires that had no answer (`orphans.rs`).
     pub(crate) cleanups: tokio_util::task::TaskTracker,
+    /// Their turns: [`CANCELS_AT_ONCE`] run at once.
+    pub(crate) cancel_turns: tokio::sync::Semaphore,
 }
+
+/// Cancels of one provider running at once; the rest wait their turn, so a
+/// store that stalls many acquires is not also flooded with their cancels.
+const CANCELS_AT_ONCE: usize = 4;
 
 /// Leases in a MySQL or MariaDB table, timed by the database clock.
 ///
@@ -190,6 +196,7 @@ impl MysqlProvider {
                 display,
                 galera: OnceCell::new(),
                 cleanups: tokio_util::task::TaskTracker::new(),
+                cancel_turns: tokio::sync::Semaphore::new(CANCELS_AT_ONCE),
             }),
         })
     }

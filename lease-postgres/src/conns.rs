@@ -155,19 +155,7 @@ impl Checkout<'_> {
     pub(crate) fn done<T>(self, result: &Result<T, sqlx::Error>) {
         let keep = match result {
             Ok(_) => true,
-            // A FATAL or PANIC error ends the session whatever its code.
-            Err(sqlx::Error::Database(d)) => {
-                let fatal = d
-                    .try_downcast_ref::<PgDatabaseError>()
-                    .is_some_and(|p| matches!(p.severity(), PgSeverity::Fatal | PgSeverity::Panic));
-                // 25006: a read-only transaction, on a primary demoted to a
-                // standby: the next connection looks for the new primary.
-                !fatal
-                    && !d.code().is_some_and(|c| {
-                        c.starts_with("57P") || c.starts_with("08") || c.as_ref() == "25006"
-                    })
-            }
-            Err(_) => false,
+            Err(e) => in_step(e),
         };
         let Checkout { mut slot, mut open } = self;
         if keep {
@@ -175,6 +163,25 @@ impl Checkout<'_> {
             *slot = Some(open);
         }
     }
+}
+
+/// Whether the connection is still in step after `e`: an ordinary error
+/// from the server, which undid the statement and leaves the session as it
+/// was. Not after a FATAL or PANIC error (the session ends whatever its
+/// code), an admin shutdown or connection error (57P*, 08*), or 25006 (a
+/// read-only transaction, on a primary demoted to a standby: the next
+/// connection looks for the new primary); nor after any client-side error.
+pub(crate) fn in_step(e: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(d) = e else {
+        return false;
+    };
+    let fatal = d
+        .try_downcast_ref::<PgDatabaseError>()
+        .is_some_and(|p| matches!(p.severity(), PgSeverity::Fatal | PgSeverity::Panic));
+    !fatal
+        && !d
+            .code()
+            .is_some_and(|c| c.starts_with("57P") || c.starts_with("08") || c.as_ref() == "25006")
 }
 
 /// One server session: its process id and its start in microseconds since

@@ -101,9 +101,11 @@
 //! the client's started, so an acquire left without its answer is also
 //! cancelled in the background: the server session it was sent on is ended,
 //! and once it has gone whatever the acquire won is released (see
-//! `LeaseProvider::flush`). No late acquire leaves a lease nobody holds. Behind PgBouncer,
-//! list `options` in `ignore_startup_parameters` (sqlx already needs
-//! `extra_float_digits` there); the server-side limit is then lost.
+//! `LeaseProvider::flush`). No late acquire leaves a lease nobody holds.
+//! Behind PgBouncer, use session mode (waiting listens on a session, and the
+//! cancel ends the session a statement ran on), and list `options` in
+//! `ignore_startup_parameters` (sqlx already needs `extra_float_digits`
+//! there); the server-side limit is then lost.
 //!
 //! ## Expiry clock
 //!

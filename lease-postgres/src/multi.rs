@@ -95,12 +95,14 @@ impl PostgresProvider {
                                 .with_holder(std::sync::Arc::clone(&holder)),
                         );
                     }
+                    flight.settled();
                     return Ok(TryAcquireAll::Acquired(leases));
                 }
                 Answer::Held(name, remaining) => {
                     let key = keys.iter().find(|k| k.as_str() == name).ok_or_else(|| {
                         LeaseError::protocol(format!("held key {name:?} not asked for"))
                     })?;
+                    flight.settled();
                     return Ok(TryAcquireAll::Held {
                         key: key.clone(),
                         remaining: remaining.map(from_micros),

@@ -60,24 +60,29 @@ impl LeaseProvider for PostgresProvider {
             .await?;
         let Some(row) = row else {
             // A concurrent acquirer inserted the row after our snapshot and won.
+            flight.settled();
             return Ok(TryAcquire::Held { remaining: None });
         };
+        // An answer that cannot be read drops the flight unsettled: what it
+        // may have won is released.
         let decode = |e: sqlx::Error| self.map_err(e);
         let won: bool = row.try_get(0).map_err(decode)?;
         let token: i64 = row.try_get(1).map_err(decode)?;
-        if won {
+        let answer = if won {
             let token = u64::try_from(token)
                 .map_err(|_| LeaseError::protocol(format!("negative token {token}")))?;
-            Ok(TryAcquire::Acquired(
+            TryAcquire::Acquired(
                 Lease::new(key.clone(), FencingToken(token), owner, ttl, sent_at)
                     .with_holder(holder),
-            ))
+            )
         } else {
             let remaining: Option<i64> = row.try_get(2).map_err(decode)?;
-            Ok(TryAcquire::Held {
+            TryAcquire::Held {
                 remaining: remaining.map(from_micros),
-            })
-        }
+            }
+        };
+        flight.settled();
+        Ok(answer)
     }
 
     /// One statement for the whole set (see `multi.rs`).

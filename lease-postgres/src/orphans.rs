@@ -12,32 +12,52 @@
 //! lease-redis cancels its own: the server session the statement was sent on
 //! is ended and awaited, since once that session is gone its statement has
 //! committed or never will; then whatever the acquire won is released, and
-//! the key's waiters are told.
+//! the key's waiters are told. An acquire whose answer came but never
+//! reached its caller (the answer could not be read) releases what it won
+//! too, without ending a session.
+//!
+//! Behind a pooler, the session must be the client's for its whole life
+//! (PgBouncer's session mode): in transaction mode the session read at
+//! connect is not the one a later statement runs on.
 
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::PostgresProvider;
-use crate::conns::Session;
-use crate::sql::rw_payload;
 use lease_api::backend::deadline_in;
 
-/// How long a cancel keeps trying while the store does not answer. A cancel
-/// that gives up leaves at most one lease, which runs out by its TTL.
+use crate::PostgresProvider;
+use crate::conns::{Session, in_step};
+use crate::sql::rw_payload;
+
+/// How long a cancel keeps trying while the store does not answer, or the
+/// session does not go. A cancel that gives up leaves at most one lease,
+/// which runs out by its TTL.
 const CANCEL_RETRY_FOR: Duration = Duration::from_secs(600);
 
-/// How often a cancel looks whether the ended session has gone.
+/// The first wait between looks at whether an ended session has gone; it
+/// doubles up to a second.
 const GONE_POLL: Duration = Duration::from_millis(20);
 
-/// An acquire statement on its way: the session it was sent on, until the
-/// server answered. Dropped while it has no answer, it cancels the acquire
-/// in the background (see the module docs).
+/// An acquire statement on its way. Dropped before its caller has the
+/// answer, it cancels the acquire in the background (see the module docs).
 pub(crate) struct Flight<'a> {
     provider: &'a PostgresProvider,
     /// The statement's text, to tell it on the server.
     statement: &'a str,
     wins: Wins<'a>,
-    sent: Mutex<Option<Session>>,
+    stage: Mutex<Stage>,
+}
+
+/// Where an acquire statement stands.
+#[derive(Clone, Copy, Debug)]
+enum Stage {
+    /// Not sent, or settled: the caller has the answer, or the statement
+    /// was undone (the server answered with an error).
+    Quiet,
+    /// Sent on this session, no answer yet: its outcome is unknown.
+    Sent(Session),
+    /// Answered, not yet handed to the caller.
+    Answered,
 }
 
 /// What an acquire statement may win.
@@ -50,15 +70,20 @@ pub(crate) enum Wins<'a> {
     },
     /// A reader's place on a key's read/write row.
     Reader { key: &'a str, owner: &'a str },
-    /// The writer's place on a key's read/write row.
-    Writer { key: &'a str, owner: &'a str },
+    /// The writer's place on a key's read/write row, and the waiting
+    /// writer's record (`""` for none) a losing attempt renews.
+    Writer {
+        key: &'a str,
+        owner: &'a str,
+        waiting: &'a str,
+    },
 }
 
 /// [`Wins`], owned by the cancel.
 enum Won {
     Plain(Vec<String>, Vec<String>),
     Reader(String, String),
-    Writer(String, String),
+    Writer(String, String, String),
 }
 
 impl From<Wins<'_>> for Won {
@@ -69,7 +94,11 @@ impl From<Wins<'_>> for Won {
                 owners.to_vec(),
             ),
             Wins::Reader { key, owner } => Won::Reader(key.to_owned(), owner.to_owned()),
-            Wins::Writer { key, owner } => Won::Writer(key.to_owned(), owner.to_owned()),
+            Wins::Writer {
+                key,
+                owner,
+                waiting,
+            } => Won::Writer(key.to_owned(), owner.to_owned(), waiting.to_owned()),
         }
     }
 }
@@ -81,30 +110,45 @@ impl<'a> Flight<'a> {
             provider,
             statement,
             wins,
-            sent: Mutex::new(None),
+            stage: Mutex::new(Stage::Quiet),
         }
+    }
+
+    fn set(&self, stage: Stage) {
+        *self.stage.lock().unwrap_or_else(PoisonError::into_inner) = stage;
     }
 
     /// The statement is about to be sent on `session`.
     pub(crate) fn sent(&self, session: Session) {
-        *self.sent.lock().unwrap_or_else(PoisonError::into_inner) = Some(session);
+        self.set(Stage::Sent(session));
     }
 
-    /// The statement ended with `result`. Its outcome is known when the server
-    /// answered, with rows or with an error (which undid it); an I/O or
-    /// protocol error leaves it unknown, and the acquire is cancelled.
+    /// The statement ended with `result`. With rows, it is answered; with an
+    /// ordinary error from the server, it was undone. Anything else (an I/O
+    /// or protocol error, the server ending the session) leaves its outcome
+    /// unknown, as a timeout does.
     pub(crate) fn answered<T>(&self, result: &Result<T, sqlx::Error>) {
-        if matches!(result, Ok(_) | Err(sqlx::Error::Database(_))) {
-            *self.sent.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        match result {
+            Ok(_) => self.set(Stage::Answered),
+            Err(e @ sqlx::Error::Database(_)) if in_step(e) => self.set(Stage::Quiet),
+            Err(_) => {}
         }
+    }
+
+    /// The caller has the answer: nothing to cancel. Called last, just
+    /// before the acquire returns it.
+    pub(crate) fn settled(&self) {
+        self.set(Stage::Quiet);
     }
 }
 
 impl Drop for Flight<'_> {
     fn drop(&mut self) {
-        let sent = self.sent.get_mut().unwrap_or_else(PoisonError::into_inner);
-        let Some(session) = sent.take() else {
-            return;
+        let stage = *self.stage.get_mut().unwrap_or_else(PoisonError::into_inner);
+        let session = match stage {
+            Stage::Quiet => return,
+            Stage::Sent(session) => Some(session),
+            Stage::Answered => None,
         };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(
@@ -123,13 +167,20 @@ impl Drop for Flight<'_> {
 }
 
 impl PostgresProvider {
-    /// Ends `session` and waits until it has gone, then releases what the
-    /// acquire sent on it won. Tries again while the store does not answer.
-    async fn cancel(&self, session: Session, statement: String, won: Won) {
+    /// Ends `session` (when the statement's outcome is unknown) and waits
+    /// until it has gone, then releases what the acquire won. Tries again
+    /// while the store does not answer.
+    async fn cancel(&self, session: Option<Session>, statement: String, won: Won) {
+        let Ok(_turn) = self.inner.cancel_turns.acquire().await else {
+            return;
+        };
         let give_up = deadline_in(CANCEL_RETRY_FOR);
         let mut backoff = Duration::from_millis(100);
         loop {
-            match self.end_then_release(session, &statement, &won).await {
+            match self
+                .end_then_release(session, &statement, &won, give_up)
+                .await
+            {
                 Ok(released) => {
                     for key in released {
                         tracing::info!(server = %self.inner.display, key, "released the lease of an acquire that had no answer");
@@ -151,16 +202,18 @@ impl PostgresProvider {
     /// One try of [`cancel`](Self::cancel): the keys released.
     async fn end_then_release(
         &self,
-        session: Session,
+        session: Option<Session>,
         statement: &str,
         won: &Won,
+        give_up: tokio::time::Instant,
     ) -> lease_api::Result<Vec<String>> {
         // Signalled again on each look: a session in the middle of a commit
         // ends once the commit is done. Only while it is idle (the statement
-        // still on its way) or runs the statement: behind a pooler in
-        // transaction mode, a server session serves other clients once the
-        // statement is over, and those are left alone.
-        loop {
+        // still on its way), runs the statement, or does not say: a session
+        // that runs something else is no longer ours (a pooler gave it to
+        // another client once the statement was over).
+        let mut poll = GONE_POLL;
+        while let Some(session) = session {
             let alive = self
                 .bounded("cancel", async {
                     let mut c = self.inner.conns.checkout().await?;
@@ -177,7 +230,14 @@ impl PostgresProvider {
             if alive.is_none() {
                 break;
             }
-            tokio::time::sleep(GONE_POLL).await;
+            if tokio::time::Instant::now() >= give_up {
+                return Err(lease_api::LeaseError::timeout(
+                    "cancel (the session did not end)",
+                    CANCEL_RETRY_FOR,
+                ));
+            }
+            tokio::time::sleep(poll).await;
+            poll = (poll * 2).min(Duration::from_secs(1));
         }
         self.bounded("cancel", async {
             let mut c = self.inner.conns.checkout().await?;
@@ -193,17 +253,23 @@ impl PostgresProvider {
                         .fetch_all(c.conn())
                         .await
                 }
-                Won::Reader(key, owner) | Won::Writer(key, owner) => {
-                    let sql = match won {
-                        Won::Reader(..) => &self.inner.sql.rw.release_reader_owned,
-                        _ => &self.inner.sql.rw.release_writer_owned,
-                    };
-                    sqlx::query(sql)
+                Won::Reader(key, owner) => sqlx::query(&self.inner.sql.rw.release_reader_owned)
+                    .bind(ns)
+                    .bind(key)
+                    .bind(owner)
+                    .bind(channel)
+                    .bind(rw_payload(ns, key))
+                    .fetch_optional(c.conn())
+                    .await
+                    .map(|gone| gone.map(|_| key.clone()).into_iter().collect()),
+                Won::Writer(key, owner, waiting) => {
+                    sqlx::query(&self.inner.sql.rw.release_writer_owned)
                         .bind(ns)
                         .bind(key)
                         .bind(owner)
                         .bind(channel)
                         .bind(rw_payload(ns, key))
+                        .bind(waiting)
                         .fetch_optional(c.conn())
                         .await
                         .map(|gone| gone.map(|_| key.clone()).into_iter().collect())

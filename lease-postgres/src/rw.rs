@@ -41,16 +41,16 @@ impl PostgresProvider {
         let holder = lease_api::holder();
         let owner_hex = owner.to_hex();
         let (key_str, owner_str) = (key.as_str(), owner_hex.as_str());
-        let wins = if waiting.is_none() {
-            Wins::Reader {
+        let wins = match waiting {
+            None => Wins::Reader {
                 key: key_str,
                 owner: owner_str,
-            }
-        } else {
-            Wins::Writer {
+            },
+            Some(waiting) => Wins::Writer {
                 key: key_str,
                 owner: owner_str,
-            }
+                waiting,
+            },
         };
         let flight = Flight::new(self, statement, wins);
         self.bounded(what, async {
@@ -75,7 +75,11 @@ impl PostgresProvider {
                 0
             };
             let remaining = row.try_get(if waiting.is_none() { 3 } else { 2 })?;
-            Ok((row.try_get(0)?, row.try_get(1)?, epoch, remaining))
+            let taken = (row.try_get(0)?, row.try_get(1)?, epoch, remaining);
+            // Read: the caller has it. An answer that cannot be read drops
+            // the flight unsettled, and what it may have won is released.
+            flight.settled();
+            Ok(taken)
         })
         .await
     }

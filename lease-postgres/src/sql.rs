@@ -25,8 +25,8 @@ pub(crate) struct Statements {
     /// keys, each with the owner in `$3`; notifies each on channel `$4`.
     pub release_owned: String,
     /// Ends server session `$1` (pid) started at `$2` (microseconds since
-    /// the epoch) while it is idle or runs statement `$3`; a row while it
-    /// is still there so.
+    /// the epoch) while it is idle, runs statement `$3`, or does not say
+    /// (`track_activities` off); a row while it is still there so.
     pub end_session: String,
     pub inspect: String,
     pub fence: String,
@@ -330,7 +330,8 @@ impl Statements {
             // `query` is cut at track_activity_query_size: a prefix of ours.
             end_session: "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
                            WHERE pid = $1 AND (extract(epoch from backend_start) * 1000000)::bigint = $2
-                             AND (state = 'idle' OR (state = 'active' AND query <> '' AND starts_with($3, query)))"
+                             AND (state IN ('idle', 'disabled')
+                                  OR (state = 'active' AND query <> '' AND starts_with($3, query)))"
                 .to_owned(),
             inspect: format!(
                 // `to_jsonb(l)->>'holder'`: NULL on a table from before holder

@@ -1111,3 +1111,65 @@ async fn an_acquire_still_on_its_way_when_the_client_gave_up_never_runs() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// An acquire that reached the server and still waits there (on a row an
+/// open fenced transaction holds) when the client gives up is ended on the
+/// server by the cancel, while the statement limit would still let it run:
+/// when the row comes free, nothing commits. Releasing by owner alone would
+/// not do: the row is not ours yet when the cancel looks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_still_waiting_on_the_server_when_the_client_gave_up_is_ended_there() {
+    let server = owned_postgres();
+    let proxy = lease_testkit::Proxy::start(server.port()).await;
+    // The statement arrives 1.5 s after it is sent and may run until 2 s
+    // after that; the client gives up at 2 s: the cancel has 1.5 s.
+    let (held_for, limit) = (Duration::from_millis(1500), Duration::from_secs(2));
+    let p = PostgresProvider::new(
+        PostgresConfig::new(format!(
+            "postgres://postgres@127.0.0.1:{}/postgres",
+            proxy.port()
+        ))
+        .timeouts(limit, limit),
+    )
+    .unwrap();
+    let direct =
+        PostgresProvider::new(PostgresConfig::new(url(&server)).timeouts(TIMEOUT, TIMEOUT))
+            .unwrap();
+    let key = LeaseKey::new("waiting").unwrap();
+    let short = direct
+        .capabilities()
+        .practical_ttl(Duration::from_millis(200));
+    let old = direct
+        .try_acquire(&key, short)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    let tx = direct.begin_fenced(&old).await.unwrap();
+    tokio::time::sleep(short + Duration::from_millis(100)).await;
+    let warm = LeaseKey::new("warm").unwrap();
+    let l = p
+        .try_acquire(&warm, TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    p.release(&l).await.unwrap();
+    proxy.delay_requests(held_for);
+    let sent = Instant::now();
+    let err = p.try_acquire(&key, TTL).await.unwrap_err();
+    assert!(matches!(err, LeaseError::Timeout { .. }), "{err:?}");
+    proxy.delay_requests(Duration::ZERO);
+    p.flush(Duration::from_secs(10)).await;
+    assert!(
+        sent.elapsed() < held_for + limit,
+        "the cancel ended after the statement limit ({:?}): this case tests nothing",
+        sent.elapsed()
+    );
+    drop(tx);
+    while sent.elapsed() < held_for + limit + Duration::from_secs(1) {
+        let now = direct.inspect(&key).await.unwrap();
+        assert!(now.is_none(), "the waiting acquire committed: {now:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
