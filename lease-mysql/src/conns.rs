@@ -167,8 +167,9 @@ impl Checkout<'_> {
 /// Whether the connection is still in step after `e`: an ordinary error
 /// from the server, which undid the statement and leaves the session as it
 /// was. Not after 1927 (connection killed), 1053 (server shutdown),
-/// 2006/2013 (gone), 1969 (statement time exceeded: the session lives, but
-/// the answer was an interruption, so start clean), 1047 (a Galera node
+/// 2006/2013 (gone), 1969, 1317 or 3024 (statement time exceeded, query
+/// interrupted: the session lives, but the answer was an interruption,
+/// which may come after the commit, so start clean), 1047 (a Galera node
 /// outside the primary component: the next connection moves on), 1290,
 /// 1836 or 4031 (read-only, or the session timed out); nor after any
 /// client-side error.
@@ -176,7 +177,7 @@ pub(crate) fn in_step(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(_))
         && !matches!(
             crate::error::error_number(e),
-            Some(1927 | 1053 | 2006 | 2013 | 1969 | 1047 | 1290 | 1836 | 4031)
+            Some(1927 | 1053 | 2006 | 2013 | 1969 | 1317 | 3024 | 1047 | 1290 | 1836 | 4031)
         )
 }
 

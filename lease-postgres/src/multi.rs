@@ -109,6 +109,9 @@ impl PostgresProvider {
                     });
                 }
                 Answer::Raced => {
+                    // Nothing was won (the statement was undone, or no row
+                    // came back).
+                    flight.settled();
                     tracing::debug!(
                         keys = keys.len(),
                         "a set raced a concurrent acquire; trying it again"

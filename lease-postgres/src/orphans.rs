@@ -70,20 +70,15 @@ pub(crate) enum Wins<'a> {
     },
     /// A reader's place on a key's read/write row.
     Reader { key: &'a str, owner: &'a str },
-    /// The writer's place on a key's read/write row, and the waiting
-    /// writer's record (`""` for none) a losing attempt renews.
-    Writer {
-        key: &'a str,
-        owner: &'a str,
-        waiting: &'a str,
-    },
+    /// The writer's place on a key's read/write row.
+    Writer { key: &'a str, owner: &'a str },
 }
 
 /// [`Wins`], owned by the cancel.
 enum Won {
     Plain(Vec<String>, Vec<String>),
     Reader(String, String),
-    Writer(String, String, String),
+    Writer(String, String),
 }
 
 impl From<Wins<'_>> for Won {
@@ -94,11 +89,7 @@ impl From<Wins<'_>> for Won {
                 owners.to_vec(),
             ),
             Wins::Reader { key, owner } => Won::Reader(key.to_owned(), owner.to_owned()),
-            Wins::Writer {
-                key,
-                owner,
-                waiting,
-            } => Won::Writer(key.to_owned(), owner.to_owned(), waiting.to_owned()),
+            Wins::Writer { key, owner } => Won::Writer(key.to_owned(), owner.to_owned()),
         }
     }
 }
@@ -262,18 +253,15 @@ impl PostgresProvider {
                     .fetch_optional(c.conn())
                     .await
                     .map(|gone| gone.map(|_| key.clone()).into_iter().collect()),
-                Won::Writer(key, owner, waiting) => {
-                    sqlx::query(&self.inner.sql.rw.release_writer_owned)
-                        .bind(ns)
-                        .bind(key)
-                        .bind(owner)
-                        .bind(channel)
-                        .bind(rw_payload(ns, key))
-                        .bind(waiting)
-                        .fetch_optional(c.conn())
-                        .await
-                        .map(|gone| gone.map(|_| key.clone()).into_iter().collect())
-                }
+                Won::Writer(key, owner) => sqlx::query(&self.inner.sql.rw.release_writer_owned)
+                    .bind(ns)
+                    .bind(key)
+                    .bind(owner)
+                    .bind(channel)
+                    .bind(rw_payload(ns, key))
+                    .fetch_optional(c.conn())
+                    .await
+                    .map(|gone| gone.map(|_| key.clone()).into_iter().collect()),
             };
             c.done(&r);
             r

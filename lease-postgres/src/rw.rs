@@ -46,10 +46,9 @@ impl PostgresProvider {
                 key: key_str,
                 owner: owner_str,
             },
-            Some(waiting) => Wins::Writer {
+            Some(_) => Wins::Writer {
                 key: key_str,
                 owner: owner_str,
-                waiting,
             },
         };
         let flight = Flight::new(self, statement, wins);
@@ -75,9 +74,15 @@ impl PostgresProvider {
                 0
             };
             let remaining = row.try_get(if waiting.is_none() { 3 } else { 2 })?;
-            let taken = (row.try_get(0)?, row.try_get(1)?, epoch, remaining);
-            // Read: the caller has it. An answer that cannot be read drops
-            // the flight unsettled, and what it may have won is released.
+            let taken: Taken = (row.try_get(0)?, row.try_get(1)?, epoch, remaining);
+            if taken.1.is_some_and(|t| t < 0) || epoch < 0 {
+                return Err(sqlx::Error::Protocol(format!(
+                    "negative token in {taken:?}"
+                )));
+            }
+            // Read (the tokens as the caller takes them): the caller has it.
+            // An answer that cannot be read drops the flight unsettled, and
+            // what it may have won is released.
             flight.settled();
             Ok(taken)
         })

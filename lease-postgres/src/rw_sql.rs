@@ -27,8 +27,7 @@ pub(crate) struct RwStatements {
     /// The reader `$3` an acquire without an answer may have made, whatever
     /// its expiry; notifies `$5` on channel `$4`.
     pub release_reader_owned: String,
-    /// The writer `$3` an acquire without an answer may have made, and the
-    /// waiting writer's record `$6` it may have renewed, likewise.
+    /// The writer `$3` an acquire without an answer may have made, likewise.
     pub release_writer_owned: String,
     pub withdraw: String,
     pub inspect: String,
@@ -148,12 +147,12 @@ impl RwStatements {
                  )
                  SELECT pg_notify($4, $5) FROM gone"
             ),
-            // $6: the waiting writer's record the attempt renewed ('' for none).
+            // Not the waiting writer's record a losing attempt may have
+            // renewed: the same waiter's next attempt renews it too, and
+            // it ends by its expiry, as a crashed waiter's does.
             release_writer_owned: format!(
                 "WITH gone AS (
-                    UPDATE {t} SET writer = CASE WHEN writer->>'o' = $3 THEN NULL ELSE writer END,
-                                   waiting = waiting - $6::text
-                     WHERE {key} AND (writer->>'o' = $3 OR waiting ? $6::text)
+                    UPDATE {t} SET writer = NULL WHERE {key} AND writer->>'o' = $3
                     RETURNING 1
                  )
                  SELECT pg_notify($4, $5) FROM gone"
