@@ -206,6 +206,34 @@ pub async fn bounded<T, E>(
     }
 }
 
+/// Runs `attempt` until it succeeds or `give_up` has passed, waiting 100 ms
+/// after the first failure and twice as long after each next one, up to 5 s:
+/// background work that must happen once the store answers again, such as
+/// the cancel of an acquire that had no answer.
+///
+/// # Errors
+/// The last try's error, once `give_up` has passed.
+pub async fn retry_until<T, F, Fut>(
+    give_up: tokio::time::Instant,
+    mut attempt: F,
+) -> crate::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = crate::Result<T>>,
+{
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match attempt().await {
+            Ok(t) => return Ok(t),
+            Err(e) if tokio::time::Instant::now() >= give_up => return Err(e),
+            Err(_) => {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
 /// True when `e`, or an error that caused it, is a TLS handshake refusal: a
 /// server certificate that is not trusted or does not name the host, or a
 /// server that refused our client certificate. Clients often keep rustls's
@@ -229,4 +257,40 @@ pub fn is_tls_refusal(e: &(dyn std::error::Error + 'static)) -> bool {
         cur = err.source();
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn retry_until_backs_off_and_stops_at_the_deadline() {
+        let start = tokio::time::Instant::now();
+        let tries = AtomicU32::new(0);
+        let got = retry_until(start + Duration::from_secs(60), || async {
+            match tries.fetch_add(1, Ordering::SeqCst) {
+                0 | 1 => Err(LeaseError::timeout("x", Duration::ZERO)),
+                _ => Ok(7),
+            }
+        })
+        .await;
+        assert_eq!(got.ok(), Some(7));
+        assert_eq!(tries.load(Ordering::SeqCst), 3);
+        assert_eq!(start.elapsed(), Duration::from_millis(300));
+
+        let start = tokio::time::Instant::now();
+        let tries = AtomicU32::new(0);
+        let got: crate::Result<()> = retry_until(start + Duration::from_secs(20), || async {
+            tries.fetch_add(1, Ordering::SeqCst);
+            Err(LeaseError::timeout("x", Duration::ZERO))
+        })
+        .await;
+        assert!(got.is_err());
+        // 0.1 + 0.2 + 0.4 + 0.8 + 1.6 + 3.2 + 5 + 5 + 5 s: past 20 s.
+        assert_eq!(tries.load(Ordering::SeqCst), 10);
+        assert!(start.elapsed() >= Duration::from_secs(20));
+        assert!(start.elapsed() < Duration::from_secs(26));
+    }
 }

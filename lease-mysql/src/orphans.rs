@@ -25,7 +25,7 @@
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use lease_api::backend::deadline_in;
+use lease_api::backend::{deadline_in, retry_until};
 
 use crate::MysqlProvider;
 use crate::conns::{SERVER_NAME, Session, in_step};
@@ -171,26 +171,16 @@ impl MysqlProvider {
             return;
         };
         let give_up = deadline_in(CANCEL_RETRY_FOR);
-        let mut backoff = Duration::from_millis(100);
-        loop {
-            match self
-                .end_then_release(session.as_ref(), &statement, &key, &owner, give_up)
-                .await
-            {
-                Ok(released) => {
-                    if released {
-                        tracing::info!(server = %self.inner.display, key, "released the lease of an acquire that had no answer");
-                    }
-                    return;
-                }
-                Err(e) if tokio::time::Instant::now() >= give_up => {
-                    tracing::warn!(server = %self.inner.display, error = %e, "could not cancel an acquire that had no answer; if it ran, its lease runs out by its TTL");
-                    return;
-                }
-                Err(_) => {
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                }
+        let tries = retry_until(give_up, || {
+            self.end_then_release(session.as_ref(), &statement, &key, &owner, give_up)
+        });
+        match tries.await {
+            Ok(true) => {
+                tracing::info!(server = %self.inner.display, key, "released the lease of an acquire that had no answer");
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(server = %self.inner.display, error = %e, "could not cancel an acquire that had no answer; if it ran, its lease runs out by its TTL");
             }
         }
     }

@@ -23,7 +23,7 @@
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use lease_api::backend::deadline_in;
+use lease_api::backend::{deadline_in, retry_until};
 
 use crate::PostgresProvider;
 use crate::conns::{Session, in_step};
@@ -166,26 +166,17 @@ impl PostgresProvider {
             return;
         };
         let give_up = deadline_in(CANCEL_RETRY_FOR);
-        let mut backoff = Duration::from_millis(100);
-        loop {
-            match self
-                .end_then_release(session, &statement, &won, give_up)
-                .await
-            {
-                Ok(released) => {
-                    for key in released {
-                        tracing::info!(server = %self.inner.display, key, "released the lease of an acquire that had no answer");
-                    }
-                    return;
+        let tries = retry_until(give_up, || {
+            self.end_then_release(session, &statement, &won, give_up)
+        });
+        match tries.await {
+            Ok(released) => {
+                for key in released {
+                    tracing::info!(server = %self.inner.display, key, "released the lease of an acquire that had no answer");
                 }
-                Err(e) if tokio::time::Instant::now() >= give_up => {
-                    tracing::warn!(server = %self.inner.display, error = %e, "could not cancel an acquire that had no answer; if it ran, its lease runs out by its TTL");
-                    return;
-                }
-                Err(_) => {
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                }
+            }
+            Err(e) => {
+                tracing::warn!(server = %self.inner.display, error = %e, "could not cancel an acquire that had no answer; if it ran, its lease runs out by its TTL");
             }
         }
     }
@@ -244,24 +235,22 @@ impl PostgresProvider {
                         .fetch_all(c.conn())
                         .await
                 }
-                Won::Reader(key, owner) => sqlx::query(&self.inner.sql.rw.release_reader_owned)
-                    .bind(ns)
-                    .bind(key)
-                    .bind(owner)
-                    .bind(channel)
-                    .bind(rw_payload(ns, key))
-                    .fetch_optional(c.conn())
-                    .await
-                    .map(|gone| gone.map(|_| key.clone()).into_iter().collect()),
-                Won::Writer(key, owner) => sqlx::query(&self.inner.sql.rw.release_writer_owned)
-                    .bind(ns)
-                    .bind(key)
-                    .bind(owner)
-                    .bind(channel)
-                    .bind(rw_payload(ns, key))
-                    .fetch_optional(c.conn())
-                    .await
-                    .map(|gone| gone.map(|_| key.clone()).into_iter().collect()),
+                Won::Reader(key, owner) | Won::Writer(key, owner) => {
+                    let sql = if matches!(won, Won::Reader(..)) {
+                        &self.inner.sql.rw.release_reader_owned
+                    } else {
+                        &self.inner.sql.rw.release_writer_owned
+                    };
+                    sqlx::query(sql)
+                        .bind(ns)
+                        .bind(key)
+                        .bind(owner)
+                        .bind(channel)
+                        .bind(rw_payload(ns, key))
+                        .fetch_optional(c.conn())
+                        .await
+                        .map(|gone| gone.map(|_| key.clone()).into_iter().collect())
+                }
             };
             c.done(&r);
             r

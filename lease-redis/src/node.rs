@@ -574,28 +574,18 @@ impl Node {
         // which runs as soon as the server does.
         let keep = crate::time::millis(ttl.max(Duration::from_secs(60))).to_string();
         let give_up = lease_api::backend::deadline_in(CANCEL_RETRY_FOR);
-        let mut backoff = Duration::from_millis(100);
-        loop {
-            let keys = [lease_key, tombstone.as_str()];
-            let args = [owner_hex, keep.as_str(), channel, key];
-            match self
-                .eval::<i64>(&crate::scripts::CANCEL, &keys, &args)
-                .await
-            {
-                Ok(deleted) => {
-                    if deleted == 1 {
-                        tracing::info!(server = %self.display, key, "removed the lease of an acquire that had timed out");
-                    }
-                    return;
-                }
-                Err(e) if tokio::time::Instant::now() >= give_up => {
-                    tracing::warn!(server = %self.display, key, error = %e, "could not cancel a timed-out acquire; if it ran, its lease runs out by its TTL");
-                    return;
-                }
-                Err(_) => {
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                }
+        let keys = [lease_key, tombstone.as_str()];
+        let args = [owner_hex, keep.as_str(), channel, key];
+        let tries = lease_api::backend::retry_until(give_up, || {
+            self.eval::<i64>(&crate::scripts::CANCEL, &keys, &args)
+        });
+        match tries.await {
+            Ok(1) => {
+                tracing::info!(server = %self.display, key, "removed the lease of an acquire that had timed out");
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(server = %self.display, key, error = %e, "could not cancel a timed-out acquire; if it ran, its lease runs out by its TTL");
             }
         }
     }
