@@ -403,9 +403,11 @@ async fn one_answer_says_who_won_and_how_long_the_holder_has() {
 }
 
 /// A private server, a fault proxy in front of it, a provider through the
-/// proxy and one straight to the server, both in namespace `ns`.
+/// proxy whose response timeout is `limit` and one straight to the server,
+/// both in namespace `ns`.
 async fn behind_a_proxy(
     ns: &str,
+    limit: Duration,
 ) -> (
     OwnedProcess,
     lease_testkit::Proxy,
@@ -417,7 +419,7 @@ async fn behind_a_proxy(
     let through = MysqlProvider::new(
         MysqlConfig::new(format!("mysql://root@127.0.0.1:{}/lease", proxy.port()))
             .namespace(ns)
-            .timeouts(TIMEOUT, TIMEOUT),
+            .timeouts(limit, limit),
     )
     .unwrap();
     let direct = MysqlProvider::new(
@@ -439,7 +441,7 @@ async fn warm(p: &MysqlProvider) {
 }
 
 /// An acquire whose statement reaches the server late (every request is
-/// held 600 ms on its way) gives up at the response timeout, counted from
+/// held 1.5 s on its way) gives up after 2 s, at the response timeout, counted from
 /// before it was sent, while the server's limits count from its arrival.
 /// The row it waits on is freed in between, so the statement commits a
 /// lease nobody holds. The provider kills the session the statement was
@@ -448,7 +450,10 @@ async fn warm(p: &MysqlProvider) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_the_client_gave_up_on_that_commits_late_is_released() {
     let ns = unique("late-commit");
-    let (server, proxy, p, direct) = behind_a_proxy(&ns).await;
+    // The statement arrives 1.5 s after it is sent; the client gives up at
+    // 2 s; the server's limits run until 3.5 s: a margin of 1.5 s.
+    let (held, limit) = (Duration::from_millis(1500), Duration::from_secs(2));
+    let (server, proxy, p, direct) = behind_a_proxy(&ns, limit).await;
     let key = LeaseKey::new("late").unwrap();
     let first = direct
         .try_acquire(&key, TTL)
@@ -466,11 +471,12 @@ async fn an_acquire_the_client_gave_up_on_that_commits_late_is_released() {
         .await
         .unwrap();
     warm(&p).await;
-    proxy.delay_requests(Duration::from_millis(600));
+    proxy.delay_requests(held);
+    let sent = Instant::now();
     let err = p.try_acquire(&key, TTL).await.unwrap_err();
     assert!(matches!(err, LeaseError::Timeout { .. }), "{err:?}");
-    // The client gave up (800 ms); the server's limits run past 1.4 s.
     sqlx::query("ROLLBACK").execute(&mut blocker).await.unwrap();
+    let freed = sent.elapsed();
     let seen = Instant::now();
     let late = loop {
         if let Some(info) = direct.inspect(&key).await.unwrap() {
@@ -478,7 +484,7 @@ async fn an_acquire_the_client_gave_up_on_that_commits_late_is_released() {
         }
         assert!(
             seen.elapsed() < Duration::from_secs(2),
-            "the late statement never committed: this case tests nothing"
+            "the late statement never committed (the row was freed {freed:?} after it was sent): this case tests nothing"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
@@ -506,16 +512,16 @@ async fn an_acquire_the_client_gave_up_on_that_commits_late_is_released() {
 }
 
 /// An acquire still on its way when the client gave up (every request is
-/// held 2 s in the network, and the key is free) would run in full on
+/// held 3 s in the network, and the key is free) would run in full on
 /// arrival, a lease nobody holds. The provider kills the server session it
 /// was sent on, so when the statement arrives nobody runs it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_still_on_its_way_when_the_client_gave_up_never_runs() {
     let ns = unique("on-its-way");
-    let (_server, proxy, p, direct) = behind_a_proxy(&ns).await;
+    let (_server, proxy, p, direct) = behind_a_proxy(&ns, TIMEOUT).await;
     let key = LeaseKey::new("on-its-way").unwrap();
     warm(&p).await;
-    let held_for = Duration::from_secs(2);
+    let held_for = Duration::from_secs(3);
     proxy.delay_requests(held_for);
     let sent = Instant::now();
     let err = p.try_acquire(&key, TTL).await.unwrap_err();

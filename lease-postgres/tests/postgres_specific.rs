@@ -738,6 +738,26 @@ async fn behind_a_proxy() -> (OwnedProcess, lease_testkit::Proxy, PostgresProvid
     (server, proxy, p)
 }
 
+/// A provider through `proxy` whose response timeout (and so the server's
+/// statement limit) is `limit`.
+fn through(proxy: &lease_testkit::Proxy, limit: Duration) -> PostgresProvider {
+    PostgresProvider::new(
+        PostgresConfig::new(format!(
+            "postgres://postgres@127.0.0.1:{}/postgres",
+            proxy.port()
+        ))
+        .timeouts(limit, limit),
+    )
+    .unwrap()
+}
+
+/// In the cases of acquires without an answer: every request is held this
+/// long on its way, and the client gives up after `LIMIT`, so a statement
+/// arrives before the client gives up and may run until `HELD + LIMIT`,
+/// leaving a margin of `HELD` for what must happen in between.
+const HELD: Duration = Duration::from_millis(1500);
+const LIMIT: Duration = Duration::from_secs(2);
+
 /// The answer to a fair waiter's join is lost (the connection drops after
 /// the INSERT committed): the waiter's retry finds its own ticket.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -973,8 +993,8 @@ impl Kind {
     }
 }
 
-/// An acquire whose statement reaches the server late (here every request
-/// is held 600 ms on its way) gives up at the response timeout, counted from
+/// An acquire whose statement reaches the server late (every request is
+/// held [`HELD`] on its way) gives up at the response timeout, counted from
 /// before it was sent, while the server's statement limit counts from its
 /// arrival. The row it waits on (locked by another transaction) is freed in
 /// between, so the statement commits a lease nobody holds. The provider ends
@@ -982,7 +1002,9 @@ impl Kind {
 /// tells the key's waiters: a waiter (a writer on read/write keys, which
 /// readers keep out too) gets the key long before the lease's 30 s TTL.
 async fn a_late_commit_is_released(kind: Kind) {
-    let (server, proxy, p) = behind_a_proxy().await;
+    let server = owned_postgres();
+    let proxy = lease_testkit::Proxy::start(server.port()).await;
+    let p = through(&proxy, LIMIT);
     let direct = Arc::new(
         PostgresProvider::new(PostgresConfig::new(url(&server)).timeouts(TIMEOUT, TIMEOUT))
             .unwrap(),
@@ -1018,14 +1040,16 @@ async fn a_late_commit_is_released(kind: Kind) {
         .into_lease()
         .unwrap();
     p.release(&l).await.unwrap();
-    proxy.delay_requests(Duration::from_millis(600));
+    proxy.delay_requests(HELD);
+    let sent = Instant::now();
     let err = kind.try_acquire(&p, &key, TTL).await.unwrap_err();
     assert!(
         matches!(err, LeaseError::Timeout { .. }),
         "{kind:?}: {err:?}"
     );
-    // The client gave up (800 ms); the server's limit runs to 1.4 s.
+    // The client gave up (LIMIT); the server's limit runs to HELD + LIMIT.
     sqlx::query("ROLLBACK").execute(&mut blocker).await.unwrap();
+    let freed = sent.elapsed();
     let seen = Instant::now();
     let late = loop {
         if let Some(token) = kind.held(&direct, &key).await {
@@ -1033,7 +1057,7 @@ async fn a_late_commit_is_released(kind: Kind) {
         }
         assert!(
             seen.elapsed() < Duration::from_secs(2),
-            "{kind:?}: the late statement never committed: this case tests nothing"
+            "{kind:?}: the late statement never committed (the row was freed {freed:?} after it was sent): this case tests nothing"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
@@ -1073,12 +1097,14 @@ async fn a_write_acquire_the_client_gave_up_on_that_commits_late_is_released() {
 }
 
 /// An acquire still on its way when the client gave up (every request is
-/// held 2 s in the network, and the key is free) would run in full on
+/// held 3 s in the network, and the key is free) would run in full on
 /// arrival, a lease nobody holds. The provider ends the server session it
 /// was sent on, so when the statement arrives nobody runs it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_still_on_its_way_when_the_client_gave_up_never_runs() {
     let (server, proxy, p) = behind_a_proxy().await;
+    // The client gives up after TIMEOUT (800 ms); the cancel has until the
+    // statement arrives.
     let direct =
         PostgresProvider::new(PostgresConfig::new(url(&server)).timeouts(TIMEOUT, TIMEOUT))
             .unwrap();
@@ -1091,7 +1117,7 @@ async fn an_acquire_still_on_its_way_when_the_client_gave_up_never_runs() {
         .into_lease()
         .unwrap();
     p.release(&l).await.unwrap();
-    let held_for = Duration::from_secs(2);
+    let held_for = Duration::from_secs(3);
     proxy.delay_requests(held_for);
     let sent = Instant::now();
     let err = p.try_acquire(&key, TTL).await.unwrap_err();
@@ -1121,17 +1147,8 @@ async fn an_acquire_still_on_its_way_when_the_client_gave_up_never_runs() {
 async fn an_acquire_still_waiting_on_the_server_when_the_client_gave_up_is_ended_there() {
     let server = owned_postgres();
     let proxy = lease_testkit::Proxy::start(server.port()).await;
-    // The statement arrives 1.5 s after it is sent and may run until 2 s
-    // after that; the client gives up at 2 s: the cancel has 1.5 s.
-    let (held_for, limit) = (Duration::from_millis(1500), Duration::from_secs(2));
-    let p = PostgresProvider::new(
-        PostgresConfig::new(format!(
-            "postgres://postgres@127.0.0.1:{}/postgres",
-            proxy.port()
-        ))
-        .timeouts(limit, limit),
-    )
-    .unwrap();
+    let (held_for, limit) = (HELD, LIMIT);
+    let p = through(&proxy, limit);
     let direct =
         PostgresProvider::new(PostgresConfig::new(url(&server)).timeouts(TIMEOUT, TIMEOUT))
             .unwrap();
