@@ -234,6 +234,21 @@ where
     }
 }
 
+/// Waits, up to `limit`, until `tracker` runs no task: a provider's
+/// [`flush`](crate::LeaseProvider::flush) over its background clean-ups,
+/// including those spawned meanwhile. It neither closes nor reopens the
+/// tracker, so flushes running at once each end when the work does (with
+/// close, wait and reopen, one flush's reopen kept another's wait from ever
+/// ending before its limit).
+pub async fn drain(tracker: &tokio_util::task::TaskTracker, limit: Duration) {
+    let _ = tokio::time::timeout(limit, async {
+        while !tracker.is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}
+
 /// True when `e`, or an error that caused it, is a TLS handshake refusal: a
 /// server certificate that is not trusted or does not name the host, or a
 /// server that refused our client certificate. Clients often keep rustls's
@@ -264,6 +279,29 @@ mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
 
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn drains_at_once_each_end_with_the_work_or_their_limit() {
+        let tracker = tokio_util::task::TaskTracker::new();
+        tracker.spawn(tokio::time::sleep(Duration::from_millis(300)));
+        let start = tokio::time::Instant::now();
+        // One flush gives up at 100 ms; the other must still end with the
+        // work, at 300 ms, not at its own 10 s limit.
+        let (_, long) = tokio::join!(drain(&tracker, Duration::from_millis(100)), async {
+            drain(&tracker, Duration::from_secs(10)).await;
+            start.elapsed()
+        });
+        assert!(
+            long >= Duration::from_millis(300) && long < Duration::from_millis(400),
+            "{long:?}"
+        );
+        tracker.spawn(tokio::time::sleep(Duration::from_secs(60)));
+        let start = tokio::time::Instant::now();
+        drain(&tracker, Duration::from_secs(1)).await;
+        assert!(start.elapsed() < Duration::from_millis(1100));
+        // Still open: later work is tracked as before.
+        assert!(!tracker.is_closed());
+    }
 
     #[tokio::test(start_paused = true)]
     async fn retry_until_backs_off_and_stops_at_the_deadline() {

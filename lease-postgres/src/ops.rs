@@ -226,10 +226,7 @@ impl LeaseProvider for PostgresProvider {
     }
 
     async fn flush(&self, limit: Duration) {
-        let tracker = &self.inner.cleanups;
-        tracker.close();
-        let _ = tokio::time::timeout(limit, tracker.wait()).await;
-        tracker.reopen();
+        lease_api::backend::drain(&self.inner.cleanups, limit).await;
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {

@@ -363,10 +363,7 @@ impl LeaseProvider for ZkProvider {
     }
 
     async fn flush(&self, limit: Duration) {
-        let tracker = &self.inner.cleanups;
-        tracker.close();
-        let _ = tokio::time::timeout(limit, tracker.wait()).await;
-        tracker.reopen();
+        lease_api::backend::drain(&self.inner.cleanups, limit).await;
     }
 
     /// The exists watch reports whether the holder node is there as it

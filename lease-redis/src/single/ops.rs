@@ -261,10 +261,7 @@ impl LeaseProvider for RedisProvider {
     }
 
     async fn flush(&self, limit: Duration) {
-        let tracker = &self.inner.cleanups;
-        tracker.close();
-        let _ = tokio::time::timeout(limit, tracker.wait()).await;
-        tracker.reopen();
+        lease_api::backend::drain(&self.inner.cleanups, limit).await;
     }
 
     fn wait_queue(&self) -> Option<&dyn WaitQueue> {
