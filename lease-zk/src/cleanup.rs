@@ -153,14 +153,7 @@ impl ZkProvider {
     ) -> bool {
         let marker = paths.marker(owner);
         let ephemeral = CreateMode::Ephemeral.with_acls(self.acls());
-        let target = plan::Target {
-            key: &paths.key,
-            holder: &paths.holder,
-            marker: &marker,
-            judged_marker: None,
-            data: b"",
-            ephemeral: &ephemeral,
-        };
+        let target = paths.target(&marker, None, b"", &ephemeral);
         let mut w = client.new_multi_writer();
         if plan::write(&mut w, steps, &target).is_err() {
             return false;

@@ -134,14 +134,7 @@ impl ZkProvider {
             for (((p, owner), d), j) in paths.iter().zip(owners).zip(data).zip(judged) {
                 let marker = p.marker(*owner);
                 let judged_marker = j.and_then(|j| j.owner).map(|o| p.marker(o));
-                let target = crate::plan::Target {
-                    key: &p.key,
-                    holder: &p.holder,
-                    marker: &marker,
-                    judged_marker: judged_marker.as_deref(),
-                    data: d,
-                    ephemeral: &ephemeral,
-                };
+                let target = p.target(&marker, judged_marker.as_deref(), d, &ephemeral);
                 let steps = crate::plan::claim(j.map(|j| j.plan()));
                 crate::plan::write(&mut w, &steps, &target)?;
             }

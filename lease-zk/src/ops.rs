@@ -71,14 +71,7 @@ impl ZkProvider {
         let marker = paths.marker(lease.owner());
         let mut w = client.new_multi_writer();
         let ephemeral = CreateMode::Ephemeral.with_acls(self.acls());
-        let target = plan::Target {
-            key: &paths.key,
-            holder: &paths.holder,
-            marker: &marker,
-            judged_marker: None,
-            data: &data,
-            ephemeral: &ephemeral,
-        };
+        let target = paths.target(&marker, None, &data, &ephemeral);
         if let Err(e) = plan::write(&mut w, &plan::extend(epoch, holder_version), &target) {
             return Err(self.map_err(e));
         }
@@ -140,14 +133,7 @@ impl ZkProvider {
         let mut w = client.new_multi_writer();
         let marker = paths.marker(lease.owner());
         let ephemeral = CreateMode::Ephemeral.with_acls(self.acls());
-        let target = plan::Target {
-            key: &paths.key,
-            holder: &paths.holder,
-            marker: &marker,
-            judged_marker: None,
-            data: b"",
-            ephemeral: &ephemeral,
-        };
+        let target = paths.target(&marker, None, b"", &ephemeral);
         if let Err(e) = plan::write(&mut w, &plan::release(epoch, holder_version), &target) {
             return Err(self.map_err(e));
         }

@@ -132,6 +132,25 @@ impl Paths {
     pub(crate) fn marker_name(owner: OwnerId) -> String {
         format!("o-{}", owner.to_hex())
     }
+
+    /// What a multi's steps name for this lease: its owner's `marker`, the
+    /// judged holder's marker for a takeover, and the holder node's `data`.
+    pub(crate) fn target<'a>(
+        &'a self,
+        marker: &'a str,
+        judged_marker: Option<&'a str>,
+        data: &'a [u8],
+        ephemeral: &'a zookeeper_client::CreateOptions<'a>,
+    ) -> crate::plan::Target<'a> {
+        crate::plan::Target {
+            key: &self.key,
+            holder: &self.holder,
+            marker,
+            judged_marker,
+            data,
+            ephemeral,
+        }
+    }
 }
 
 pub(crate) fn holder_data(owner: OwnerId, ttl: Duration, label: &str) -> Vec<u8> {
@@ -579,14 +598,7 @@ impl ZkProvider {
         let ephemeral = CreateMode::Ephemeral.with_acls(self.acls());
         let marker = paths.marker(owner);
         let judged_marker = take_over.and_then(|j| j.owner).map(|o| paths.marker(o));
-        let target = crate::plan::Target {
-            key: &paths.key,
-            holder: &paths.holder,
-            marker: &marker,
-            judged_marker: judged_marker.as_deref(),
-            data,
-            ephemeral: &ephemeral,
-        };
+        let target = paths.target(&marker, judged_marker.as_deref(), data, &ephemeral);
         let steps = crate::plan::claim(take_over.map(|j| j.plan()));
         let built = crate::plan::write(&mut w, &steps, &target);
         if let Err(e) = built {
