@@ -249,6 +249,22 @@ pub async fn drain(tracker: &tokio_util::task::TaskTracker, limit: Duration) {
     .await;
 }
 
+/// Spawns `work` on `tracker`, on the calling thread's runtime, from code
+/// that cannot await (a `Drop`). Outside a runtime nothing is spawned and it
+/// returns `false`, for the caller to say what is left undone.
+pub fn spawn_tracked<F>(tracker: &tokio_util::task::TaskTracker, work: F) -> bool
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            tracker.spawn_on(work, &runtime);
+            true
+        }
+        Err(_) => false,
+    }
+}
+
 /// True when `e`, or an error that caused it, is a TLS handshake refusal: a
 /// server certificate that is not trusted or does not name the host, or a
 /// server that refused our client certificate. Clients often keep rustls's

@@ -25,7 +25,7 @@
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use lease_api::backend::{deadline_in, retry_until};
+use lease_api::backend::{deadline_in, retry_until, spawn_tracked};
 
 use crate::MysqlProvider;
 use crate::conns::{SERVER_NAME, Session, in_step};
@@ -127,22 +127,18 @@ impl Drop for Flight<'_> {
             Stage::Sent(session) => Some(session),
             Stage::Answered => None,
         };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!(
-                "an acquire without its answer could not be cancelled outside a runtime; if it ran, its lease runs out by its TTL"
-            );
-            return;
-        };
         let provider = self.provider.clone();
         let (statement, key, owner) = (
             self.statement.to_owned(),
             self.key.to_owned(),
             self.owner.to_owned(),
         );
-        self.provider.inner.cleanups.spawn_on(
-            async move { provider.cancel(session, statement, key, owner).await },
-            &runtime,
-        );
+        let work = async move { provider.cancel(session, statement, key, owner).await };
+        if !spawn_tracked(&self.provider.inner.cleanups, work) {
+            tracing::warn!(
+                "an acquire without its answer could not be cancelled outside a runtime; if it ran, its lease runs out by its TTL"
+            );
+        }
     }
 }
 

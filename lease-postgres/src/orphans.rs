@@ -23,7 +23,7 @@
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use lease_api::backend::{deadline_in, retry_until};
+use lease_api::backend::{deadline_in, retry_until, spawn_tracked};
 
 use crate::PostgresProvider;
 use crate::conns::{Session, in_step};
@@ -141,19 +141,15 @@ impl Drop for Flight<'_> {
             Stage::Sent(session) => Some(session),
             Stage::Answered => None,
         };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!(
-                "an acquire without its answer could not be cancelled outside a runtime; if it ran, its lease runs out by its TTL"
-            );
-            return;
-        };
         let provider = self.provider.clone();
         let won = Won::from(self.wins);
         let statement = self.statement.to_owned();
-        self.provider.inner.cleanups.spawn_on(
-            async move { provider.cancel(session, statement, won).await },
-            &runtime,
-        );
+        let work = async move { provider.cancel(session, statement, won).await };
+        if !spawn_tracked(&self.provider.inner.cleanups, work) {
+            tracing::warn!(
+                "an acquire without its answer could not be cancelled outside a runtime; if it ran, its lease runs out by its TTL"
+            );
+        }
     }
 }
 

@@ -985,6 +985,20 @@ impl Kind {
         }
     }
 
+    /// Takes and gives back a lease of this kind through `p`: the tables
+    /// are made and a connection used within the last second (no ping), so
+    /// the next acquire is one statement on the wire.
+    async fn warm(self, p: &PostgresProvider) {
+        let k = LeaseKey::new("warm").unwrap();
+        let l = self
+            .try_acquire(p, &k, TTL)
+            .await
+            .unwrap()
+            .into_lease()
+            .unwrap();
+        p.release(&l).await.unwrap();
+    }
+
     fn table(self) -> &'static str {
         match self {
             Kind::Plain => "lease_leases",
@@ -1030,16 +1044,7 @@ async fn a_late_commit_is_released(kind: Kind) {
     .execute(&mut blocker)
     .await
     .unwrap();
-    // Warm (the tables checked, a connection used within the last second),
-    // so the acquire is one statement on the wire.
-    let warm = LeaseKey::new("warm").unwrap();
-    let l = kind
-        .try_acquire(&p, &warm, TTL)
-        .await
-        .unwrap()
-        .into_lease()
-        .unwrap();
-    p.release(&l).await.unwrap();
+    kind.warm(&p).await;
     proxy.delay_requests(HELD);
     let sent = Instant::now();
     let err = kind.try_acquire(&p, &key, TTL).await.unwrap_err();
@@ -1109,14 +1114,7 @@ async fn an_acquire_still_on_its_way_when_the_client_gave_up_never_runs() {
         PostgresProvider::new(PostgresConfig::new(url(&server)).timeouts(TIMEOUT, TIMEOUT))
             .unwrap();
     let key = LeaseKey::new("on-its-way").unwrap();
-    let warm = LeaseKey::new("warm").unwrap();
-    let l = p
-        .try_acquire(&warm, TTL)
-        .await
-        .unwrap()
-        .into_lease()
-        .unwrap();
-    p.release(&l).await.unwrap();
+    Kind::Plain.warm(&p).await;
     let held_for = Duration::from_secs(3);
     proxy.delay_requests(held_for);
     let sent = Instant::now();
@@ -1164,14 +1162,7 @@ async fn an_acquire_still_waiting_on_the_server_when_the_client_gave_up_is_ended
         .unwrap();
     let tx = direct.begin_fenced(&old).await.unwrap();
     tokio::time::sleep(short + Duration::from_millis(100)).await;
-    let warm = LeaseKey::new("warm").unwrap();
-    let l = p
-        .try_acquire(&warm, TTL)
-        .await
-        .unwrap()
-        .into_lease()
-        .unwrap();
-    p.release(&l).await.unwrap();
+    Kind::Plain.warm(&p).await;
     proxy.delay_requests(held_for);
     let sent = Instant::now();
     let err = p.try_acquire(&key, TTL).await.unwrap_err();
