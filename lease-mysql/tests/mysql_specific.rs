@@ -524,10 +524,14 @@ async fn an_acquire_still_on_its_way_when_the_client_gave_up_never_runs() {
     let held_for = Duration::from_secs(3);
     proxy.delay_requests(held_for);
     let sent = Instant::now();
-    let err = p.try_acquire(&key, TTL).await.unwrap_err();
-    assert!(matches!(err, LeaseError::Timeout { .. }), "{err:?}");
-    // Requests sent from now on pass at once: the cancel's own.
+    let (q, k) = (p.clone(), key.clone());
+    let attempt = tokio::spawn(async move { q.try_acquire(&k, TTL).await });
+    // The statement is on its way: requests sent from now on (the cancel's
+    // own connection, made when the client gives up) pass at once.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     proxy.delay_requests(Duration::ZERO);
+    let err = attempt.await.unwrap().unwrap_err();
+    assert!(matches!(err, LeaseError::Timeout { .. }), "{err:?}");
     p.flush(Duration::from_secs(10)).await;
     assert!(
         sent.elapsed() < held_for,
