@@ -234,6 +234,36 @@ where
     }
 }
 
+/// Looks with `look` until it answers `true`, waiting `first` after the first
+/// look and twice as long after each next one, up to a second: the wait for
+/// something that ends soon, such as a server session being ended. A look's
+/// error ends it with that error.
+///
+/// # Errors
+/// A look's error, or [`LeaseError::Timeout`] naming `what` once `give_up`
+/// has passed without a `true`.
+pub async fn poll_until<F, Fut>(
+    what: &'static str,
+    first: Duration,
+    give_up: tokio::time::Instant,
+    mut look: F,
+) -> crate::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = crate::Result<bool>>,
+{
+    let start = tokio::time::Instant::now();
+    let mut wait = first;
+    while !look().await? {
+        if tokio::time::Instant::now() >= give_up {
+            return Err(LeaseError::timeout(what, start.elapsed()));
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(Duration::from_secs(1));
+    }
+    Ok(())
+}
+
 /// Waits, up to `limit`, until `tracker` runs no task: a provider's
 /// [`flush`](crate::LeaseProvider::flush) over its background clean-ups,
 /// including those spawned meanwhile. It neither closes nor reopens the
@@ -295,6 +325,36 @@ mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
 
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn poll_until_doubles_its_wait_and_gives_up_at_the_deadline() {
+        let start = tokio::time::Instant::now();
+        let looks = AtomicU32::new(0);
+        let done = poll_until(
+            "x",
+            Duration::from_millis(20),
+            start + Duration::from_secs(60),
+            || async { Ok(looks.fetch_add(1, Ordering::SeqCst) == 2) },
+        )
+        .await;
+        assert!(done.is_ok());
+        assert_eq!(start.elapsed(), Duration::from_millis(60));
+
+        let start = tokio::time::Instant::now();
+        let never = poll_until(
+            "x",
+            Duration::from_millis(20),
+            start + Duration::from_secs(5),
+            || async { Ok(false) },
+        )
+        .await;
+        assert!(
+            matches!(never, Err(LeaseError::Timeout { .. })),
+            "{never:?}"
+        );
+        assert!(start.elapsed() >= Duration::from_secs(5));
+        assert!(start.elapsed() < Duration::from_secs(7));
+    }
 
     #[tokio::test(start_paused = true)]
     async fn drains_at_once_each_end_with_the_work_or_their_limit() {

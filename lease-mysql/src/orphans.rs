@@ -25,7 +25,7 @@
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use lease_api::backend::{deadline_in, retry_until, spawn_tracked};
+use lease_api::backend::{deadline_in, poll_until, retry_until, spawn_tracked};
 
 use crate::MysqlProvider;
 use crate::conns::{SERVER_NAME, Session, in_step};
@@ -190,28 +190,22 @@ impl MysqlProvider {
         owner: &str,
         give_up: tokio::time::Instant,
     ) -> lease_api::Result<bool> {
-        let mut poll = GONE_POLL;
-        while let Some(session) = session {
-            match self.kill_if_ours(session, statement).await? {
-                Standing::Over => break,
-                Standing::Killed => {
-                    if tokio::time::Instant::now() >= give_up {
-                        return Err(lease_api::LeaseError::timeout(
-                            "cancel (the session did not end)",
-                            CANCEL_RETRY_FOR,
-                        ));
+        if let Some(session) = session {
+            let gone = || async {
+                Ok(match self.kill_if_ours(session, statement).await? {
+                    Standing::Over => true,
+                    Standing::Killed => false,
+                    Standing::Elsewhere => {
+                        // The statement's own limits end it: MariaDB's
+                        // statement limit, InnoDB's lock wait (whole
+                        // seconds, at least 1).
+                        let limit = self.inner.response_timeout.max(Duration::from_secs(1));
+                        tokio::time::sleep(limit * 2).await;
+                        true
                     }
-                    tokio::time::sleep(poll).await;
-                    poll = (poll * 2).min(Duration::from_secs(1));
-                }
-                Standing::Elsewhere => {
-                    // The statement's own limits end it: MariaDB's statement
-                    // limit, InnoDB's lock wait (whole seconds, at least 1).
-                    let limit = self.inner.response_timeout.max(Duration::from_secs(1));
-                    tokio::time::sleep(limit * 2).await;
-                    break;
-                }
-            }
+                })
+            };
+            poll_until("cancel (the session did not end)", GONE_POLL, give_up, gone).await?;
         }
         let done = self
             .bounded("cancel", async {

@@ -23,7 +23,7 @@
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use lease_api::backend::{deadline_in, retry_until, spawn_tracked};
+use lease_api::backend::{deadline_in, poll_until, retry_until, spawn_tracked};
 
 use crate::PostgresProvider;
 use crate::conns::{Session, in_step};
@@ -190,32 +190,24 @@ impl PostgresProvider {
         // still on its way), runs the statement, or does not say: a session
         // that runs something else is no longer ours (a pooler gave it to
         // another client once the statement was over).
-        let mut poll = GONE_POLL;
-        while let Some(session) = session {
-            let alive = self
-                .bounded("cancel", async {
-                    let mut c = self.inner.conns.checkout().await?;
-                    let r = sqlx::query(&self.inner.sql.end_session)
-                        .bind(session.pid)
-                        .bind(session.started)
-                        .bind(statement)
-                        .fetch_optional(c.conn())
-                        .await;
-                    c.done(&r);
-                    r
-                })
-                .await?;
-            if alive.is_none() {
-                break;
-            }
-            if tokio::time::Instant::now() >= give_up {
-                return Err(lease_api::LeaseError::timeout(
-                    "cancel (the session did not end)",
-                    CANCEL_RETRY_FOR,
-                ));
-            }
-            tokio::time::sleep(poll).await;
-            poll = (poll * 2).min(Duration::from_secs(1));
+        if let Some(session) = session {
+            let gone = || async {
+                let alive = self
+                    .bounded("cancel", async {
+                        let mut c = self.inner.conns.checkout().await?;
+                        let r = sqlx::query(&self.inner.sql.end_session)
+                            .bind(session.pid)
+                            .bind(session.started)
+                            .bind(statement)
+                            .fetch_optional(c.conn())
+                            .await;
+                        c.done(&r);
+                        r
+                    })
+                    .await?;
+                Ok(alive.is_none())
+            };
+            poll_until("cancel (the session did not end)", GONE_POLL, give_up, gone).await?;
         }
         self.bounded("cancel", async {
             let mut c = self.inner.conns.checkout().await?;
